@@ -1,0 +1,116 @@
+"""The ``terminus-env`` command line: a thin argparse layer over the package's modules.
+
+Each sub-command imports its module only when it runs, so ``terminus-env --help``
+stays fast and a missing optional extra only breaks the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "tasks"
+
+
+def _cmd_images_base(args: argparse.Namespace) -> int:
+    from terminus_env.sandbox.images import ensure_base_image
+
+    tag = ensure_base_image(force=args.force)
+    print(tag)
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from terminus_env.sandbox.reaper import reap
+
+    removed = reap(include_live_owners=args.all)
+    print(f"removed {removed} container(s)")
+    return 0
+
+
+def _cmd_tasks_check(args: argparse.Namespace) -> int:
+    from terminus_env.tasks.check import run_check
+
+    return run_check(args.folder, jobs=args.jobs, names=args.name or None)
+
+
+def _cmd_tasks_list(args: argparse.Namespace) -> int:
+    from terminus_env.tasks.check import print_task_table
+
+    print_task_table(args.folder)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from terminus_env.serving.launcher import main as serve_main
+
+    return serve_main(args.serve_args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from terminus_env.rollout.evaluate import main as eval_main
+
+    return eval_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="terminus-env", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    images = sub.add_parser("images", help="build the local images tasks run in")
+    images_sub = images.add_subparsers(dest="images_command", required=True)
+    base = images_sub.add_parser("base", help="build (or reuse) the local Debian base image")
+    base.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    base.set_defaults(func=_cmd_images_base)
+
+    gc = sub.add_parser("gc", help="remove sandbox containers whose owner process is gone")
+    gc.add_argument("--all", action="store_true", help="also remove containers of live owners")
+    gc.set_defaults(func=_cmd_gc)
+
+    tasks = sub.add_parser("tasks", help="inspect and validate task suites")
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
+    check = tasks_sub.add_parser("check", help="oracle earns 1 and doing nothing earns 0, for every task")
+    check.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
+    check.add_argument("--name", action="append", help="check only this task (repeatable)")
+    check.set_defaults(func=_cmd_tasks_check)
+    listing = tasks_sub.add_parser("list", help="print the suite: name, category, difficulty")
+    listing.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    listing.set_defaults(func=_cmd_tasks_list)
+
+    serve = sub.add_parser(
+        "serve",
+        help="start N vLLM data-parallel replicas (needs the 'vllm' extra)",
+        add_help=False,
+    )
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
+    serve.set_defaults(func=_cmd_serve)
+
+    evaluate = sub.add_parser("eval", help="evaluate a model on a task suite (lenient by default)")
+    _add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=_cmd_eval)
+    return parser
+
+
+def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    parser.add_argument("--base-url", action="append", help="an OpenAI-compatible server (repeatable, one per replica)")
+    parser.add_argument("--model", help="model name sent to the server")
+    parser.add_argument("--oracle", action="store_true", help="reply with each task's solution instead of a model")
+    parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
+    parser.add_argument("--trials", type=int, default=1, help="rollouts per task")
+    parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    parser.add_argument("--max-turns", type=int, default=30)
+    parser.add_argument("--max-turn-tokens", type=int, default=16384)
+    parser.add_argument("--strict", action="store_true", help="strict format and truncation, as in training")
+    parser.add_argument("--output", type=Path, help="write trajectories as JSON lines here")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
