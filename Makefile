@@ -1,0 +1,49 @@
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
+# Both install what is missing: a virtual environment, a Docker engine, the local base image.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLI := $(VENV)/bin/terminus-env
+JOBS ?= 4
+
+.PHONY: all venv docker base-image demo check test unit bench clean
+
+all: demo
+
+$(VENV)/.installed: pyproject.toml
+	bash scripts/ensure-python.sh
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+docker:
+	bash scripts/ensure-docker.sh
+
+base-image: venv docker
+	$(CLI) images base
+
+# The main job: every shipped task through the env, with a results table at the end.
+demo: base-image
+	$(CLI) eval tasks/ --oracle --concurrency $(JOBS)
+
+# The validity check: the oracle earns 1 and doing nothing earns 0, on every shipped task.
+check: base-image
+	$(CLI) tasks check tasks/ --jobs $(JOBS)
+
+unit: base-image
+	$(PY) -m pytest -q
+
+# The suite check first, then pytest, so the run closes on pytest's summary.
+test: check unit
+
+bench: base-image
+	$(PY) bench/parser.py
+	$(PY) bench/sandbox.py
+	$(PY) bench/routing.py
+
+clean:
+	-$(CLI) gc
+	rm -rf $(VENV) .pytest_cache .hypothesis .bench-cache

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. As root on Debian/Ubuntu, install docker.io and start dockerd
+# in the background when none runs; otherwise say what to do. Idempotent.
+set -euo pipefail
+
+log=${TERMINUS_DOCKERD_LOG:-/var/log/terminus-dockerd.log}
+
+engine_answers() { docker info >/dev/null 2>&1; }
+
+if engine_answers; then
+    exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+    echo "No Docker engine answers and you are not root." >&2
+    echo "Start one (e.g. 'sudo systemctl start docker', or 'sudo dockerd &') or add yourself to the docker group, then rerun." >&2
+    exit 1
+fi
+
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
+    echo "Installing Debian's docker.io ..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq docker.io >/dev/null
+fi
+
+echo "Starting dockerd in the background (log: $log) ..." >&2
+nohup dockerd >"$log" 2>&1 &
+for _ in $(seq 1 60); do
+    if engine_answers; then
+        echo "Docker engine is up." >&2
+        exit 0
+    fi
+    sleep 1
+done
+echo "dockerd did not answer within 60 s; see $log" >&2
+tail -n 20 "$log" >&2 || true
+exit 1
