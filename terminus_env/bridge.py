@@ -1,0 +1,72 @@
+"""Run coroutines from synchronous code, even where an event loop already runs (Jupyter).
+
+Sync wrappers cannot use ``asyncio.run`` inside a notebook, and ``run_until_complete`` fails on a
+running loop, so each sync user gets a private loop on a daemon thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    """A lazily started event loop on its own daemon thread."""
+
+    def __init__(self, name: str = "terminus-env-loop") -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the background loop and wait for its result."""
+        loop = self._ensure_started()
+        if _running_loop() is loop:
+            coro.close()
+            raise RuntimeError("a sync method was called from inside its own event loop; await the async twin instead")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def close(self) -> None:
+        """Stop the loop and join its thread; safe to call more than once."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        if not loop.is_running():
+            loop.close()
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -1,0 +1,112 @@
+"""``terminus-env eval``: run a task suite through the env and print a results table.
+
+Lenient by default, like Terminal-Bench, so scores compare with public results; ``--strict``
+applies the training semantics. ``--oracle`` replaces the model with each task's solution, which
+checks the whole pipeline end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from terminus_env.metrics import aggregate
+from terminus_env.rollout.policy import OraclePolicy, Policy, ServingPolicy
+from terminus_env.rollout.runner import RolloutRunner
+from terminus_env.rollout.trajectory import Trajectory
+from terminus_env.tasks import Task, load_tasks
+
+
+def main(args: argparse.Namespace) -> int:
+    tasks = _select(load_tasks(args.folder), args.name)
+    if not args.oracle and not args.base_url:
+        print("eval needs a model (--base-url URL --model NAME) or --oracle", file=sys.stderr)
+        return 2
+    env_kwargs = {
+        "mode": "eval",
+        "max_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens,
+        **({"strict_format": True, "strict_truncation": True} if args.strict else {}),
+    }
+    trajectories = asyncio.run(_evaluate(args, tasks, env_kwargs))
+    print_results(trajectories, sys.stdout)
+    if args.output:
+        with args.output.open("w") as sink:
+            for trajectory in trajectories:
+                sink.write(json.dumps(trajectory.to_dict()) + "\n")
+        print(f"trajectories written to {args.output}")
+    failed = [t for t in trajectories if t.env_error or (args.oracle and t.reward < 1.0)]
+    return 1 if failed else 0
+
+
+async def _evaluate(args: argparse.Namespace, tasks: Sequence[Task], env_kwargs: dict) -> list[Trajectory]:
+    total = len(tasks) * args.trials
+    done = 0
+
+    def progress(trajectory: Trajectory) -> None:
+        nonlocal done
+        done += 1
+        outcome = trajectory.error or (trajectory.summary.end_reason if trajectory.summary else "?")
+        print(f"[{done}/{total}] {trajectory.task}: reward {trajectory.reward:g} ({outcome})", flush=True)
+
+    async with _policy(args) as policy:
+        runner = RolloutRunner(policy, env_kwargs=env_kwargs, max_sandboxes=args.concurrency, on_finish=progress)
+        return await runner.run(tasks, group_size=args.trials)
+
+
+@contextlib.asynccontextmanager
+async def _policy(args: argparse.Namespace) -> AsyncIterator[Policy]:
+    if args.oracle:
+        yield OraclePolicy()
+        return
+    from terminus_env.serving import ServingPool
+
+    async with ServingPool(args.base_url, args.model or "default") as pool:
+        yield ServingPolicy(pool, max_tokens=args.max_turn_tokens)
+
+
+def _select(tasks: list[Task], names: list[str] | None) -> list[Task]:
+    if not names:
+        return tasks
+    known = {t.name: t for t in tasks}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise SystemExit(f"unknown task(s): {', '.join(missing)}; known: {', '.join(sorted(known))}")
+    return [known[n] for n in names]
+
+
+def print_results(trajectories: Sequence[Trajectory], out: TextIO) -> None:
+    """A table a person can read, then the batch metrics a trainer would plot."""
+    rows = [("task", "reward", "turns", "end", "format errors", "seconds")]
+    for t in trajectories:
+        s = t.summary
+        rows.append(
+            (
+                t.task,
+                f"{t.reward:g}",
+                str(s.turns if s else 0),
+                s.end_reason if s else f"error: {t.error}",
+                str(s.format_errors if s else 0),
+                f"{t.wall_s:.1f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip(), file=out)
+        if i == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    summaries = [t.summary for t in trajectories if t.summary is not None]
+    m = aggregate(summaries)
+    solved = sum(1 for t in trajectories if t.reward >= 1.0)
+    print(
+        f"\n{solved}/{len(trajectories)} solved · mean reward {m.mean_reward:.3f} · "
+        f"format errors/rollout {m.mean_format_errors:.2f} · opening streak {m.mean_opening_streak:.2f} · "
+        f"rescued {m.rescued_count} · env errors {m.env_errors + len(trajectories) - len(summaries)}",
+        file=out,
+    )

@@ -1,0 +1,134 @@
+"""Policies: where a rollout's replies come from (a served model, or a task's own solution)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import tarfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from terminus_env.env import Reply
+from terminus_env.tasks import Task
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Identifies one rollout to its policy: sticky routing and group affinity key on these ids."""
+
+    rollout_id: str
+    group_id: str
+    task: Task
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    reply: Reply
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    replica: str | None = None
+
+
+class Policy(Protocol):
+    def session(self, rollout: Rollout) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held for the rollout's whole life: admission control and sticky-session release live here."""
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput: ...
+
+
+class ServingPolicy:
+    """Replies from a model behind a :class:`terminus_env.serving.ServingPool`."""
+
+    def __init__(self, pool: Any, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None) -> None:
+        self._pool = pool
+        self._max_tokens = max_tokens
+        self._sampling = dict(sampling or {})
+
+    def session(self, rollout: Rollout) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._pool.session(rollout.rollout_id, rollout.group_id)
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        from terminus_env.serving import ContextLengthExceeded
+
+        try:
+            completion = await self._pool.chat(
+                rollout.rollout_id,
+                messages,
+                max_tokens=self._max_tokens,
+                group_id=rollout.group_id,
+                **self._sampling,
+            )
+        except ContextLengthExceeded:
+            return PolicyOutput(reply=Reply(text="", finish_reason="context_length"))
+        return PolicyOutput(
+            reply=Reply(
+                text=completion.text,
+                finish_reason=completion.finish_reason,
+                completion_tokens=completion.completion_tokens,
+                prompt_tokens=completion.prompt_tokens,
+            ),
+            prompt_token_ids=completion.prompt_token_ids,
+            token_ids=completion.token_ids,
+            logprobs=completion.logprobs,
+            replica=completion.replica,
+        )
+
+
+class OraclePolicy:
+    """Types each task's reference solution into the terminal, then confirms completion.
+
+    It checks the whole pipeline (prompt, parser, tmux, grading) without a model: every task
+    should earn reward 1. The solution folder travels as one base64 line, since a heredoc typed
+    into an interactive shell would trigger tab completion on the tabs of a Makefile.
+    """
+
+    def __init__(self, command_duration: float = 60.0) -> None:
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        if turn == 0:
+            keys = self._install_and_run(rollout.task)
+            text = _reply(keys, self._duration, complete=False, plan="Apply the reference solution.")
+        else:
+            text = _reply("", self._duration, complete=True, plan="Wait for the solution, then confirm.")
+        return PolicyOutput(reply=Reply(text=text))
+
+    @staticmethod
+    def _install_and_run(task: Task) -> str:
+        if task.solution_path is None or not task.solution_path.exists():
+            return "echo 'this task ships no solution'\n"
+        payload = base64.b64encode(_tar_gz(task.solution_path)).decode()
+        script = "solve.sh" if task.solution_path.is_dir() else task.solution_path.name
+        return (
+            f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
+            f" && bash /solution/{script}\n"
+        )
+
+
+def _tar_gz(path: Any) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        if path.is_dir():
+            for child in sorted(path.iterdir()):
+                archive.add(child, arcname=child.name)
+        else:
+            archive.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+def _reply(keystrokes: str, duration: float, *, complete: bool, plan: str) -> str:
+    # Even an empty keystroke waits: the terminal returns once the shell is idle again.
+    commands = f'<keystrokes duration="{duration}">{keystrokes}</keystrokes>'
+    done = "<task_complete>true</task_complete>" if complete else ""
+    return (
+        "<response>\n<analysis>Oracle run.</analysis>\n"
+        f"<plan>{plan}</plan>\n<commands>{commands}</commands>\n{done}\n</response>"
+    )

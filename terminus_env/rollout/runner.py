@@ -1,0 +1,93 @@
+"""The vectorized rollout runner: many episodes on one event loop, each talking to its policy.
+
+Concurrency has two bounds: the policy's session (the serving pool's admission control, sized to
+KV capacity) and ``max_sandboxes`` (what the machine's CPUs and Docker can hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from terminus_env.env import TerminusEnv
+from terminus_env.rollout.policy import Policy, Rollout
+from terminus_env.rollout.trajectory import Trajectory, TurnRecord
+from terminus_env.sandbox import SandboxError, SandboxPool
+from terminus_env.tasks import Task, TaskError
+
+
+class RolloutRunner:
+    """Runs groups of rollouts: ``group_size`` episodes per task, all concurrently."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        sandbox_pool: SandboxPool | None = None,
+        max_sandboxes: int = 8,
+        on_finish: Callable[[Trajectory], None] | None = None,
+    ) -> None:
+        if max_sandboxes <= 0:
+            raise ValueError(f"max_sandboxes must be positive, got {max_sandboxes}")
+        self._policy = policy
+        self._env_kwargs = dict(env_kwargs or {})
+        self._sandbox_pool = sandbox_pool
+        self._sandboxes = asyncio.Semaphore(max_sandboxes)
+        self._on_finish = on_finish
+
+    async def run(self, tasks: Sequence[Task], group_size: int = 1) -> list[Trajectory]:
+        """One group per task; trajectories come back in task order, then rollout order."""
+        if group_size <= 0:
+            raise ValueError(f"group_size must be positive, got {group_size}")
+        rollouts = [
+            Rollout(rollout_id=f"{group_id}-{i}", group_id=group_id, task=task)
+            for task in tasks
+            for group_id in [f"{task.name}-{uuid.uuid4().hex[:8]}"]
+            for i in range(group_size)
+        ]
+        return list(await asyncio.gather(*(self.run_one(r) for r in rollouts)))
+
+    async def run_one(self, rollout: Rollout) -> Trajectory:
+        """Play one episode to its end; never raises for sandbox or task failures (they become env errors)."""
+        trajectory = Trajectory(rollout_id=rollout.rollout_id, task=rollout.task.name, group_id=rollout.group_id)
+        started = time.monotonic()
+        async with self._policy.session(rollout), self._sandboxes:
+            env = TerminusEnv(rollout.task, sandbox_pool=self._sandbox_pool, **self._env_kwargs)
+            try:
+                await self._play(env, rollout, trajectory)
+            except (SandboxError, TaskError) as exc:
+                trajectory.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                await env.aclose()
+        trajectory.wall_s = time.monotonic() - started
+        if self._on_finish is not None:
+            self._on_finish(trajectory)
+        return trajectory
+
+    async def _play(self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory) -> None:
+        await env.areset()
+        while True:
+            out = await self._policy.act(rollout, env.messages)
+            _, _, terminated, truncated, info = await env.astep(out.reply)
+            trajectory.turns.append(
+                TurnRecord(
+                    reply=out.reply.text,
+                    finish_reason=out.reply.finish_reason,
+                    prompt_tokens=out.reply.prompt_tokens,
+                    completion_tokens=out.reply.completion_tokens,
+                    prompt_token_ids=out.prompt_token_ids,
+                    token_ids=out.token_ids,
+                    logprobs=out.logprobs,
+                    replica=out.replica,
+                    format_error=info["format_error"],
+                    warnings=info["warnings"],
+                )
+            )
+            if terminated or truncated:
+                trajectory.summary = env.episode_summary
+                trajectory.messages = env.messages
+                return
