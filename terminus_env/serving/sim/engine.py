@@ -1,0 +1,478 @@
+"""A discrete-event model of one vLLM replica (V1 scheduler semantics) in virtual time.
+
+Routing and admission policies are judged by what they do to KV residency, recompute preemption and
+prefix reuse, so the model allocates, caches and preempts KV blocks the way vLLM does, and is cheap
+enough to run whole RL batches on a laptop. It is pure: no asyncio, no wall clock. A caller drives it
+with ``step()`` and reads ``now``; the HTTP simulator scales ``step()``'s duration to real sleeps.
+
+What is modelled (and how vLLM does it):
+- KV blocks of ``block_size`` tokens from a pool of ``num_gpu_blocks`` (one block is the reserved null
+  block, as in vLLM, so ``num_gpu_blocks - 1`` are usable). A request holds
+  ``ceil(computed_tokens / block_size)`` blocks, allocated as it grows.
+- Continuous batching with chunked prefill: each step spends up to ``max_num_batched_tokens`` tokens,
+  running requests first (oldest first), then waiting ones (FCFS) while fewer than ``max_num_seqs`` run.
+- Recompute preemption: when a running request's next blocks do not fit, the newest running request
+  is evicted, its blocks freed and it is put back at the front of the queue; it later recomputes its
+  prompt and generated tokens (counted in ``recomputed_tokens``).
+- Prefix caching: a full block is keyed by a hash chained over its tokens and all earlier ones. Freed
+  blocks keep their key and sit in an LRU free queue; they are reused by a later request with the same
+  prefix (the next turn of a session, a GRPO sibling) unless an allocation evicted them first.
+  Queries and hits are counted in tokens, as ``vllm:prefix_cache_*`` are.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from terminus_env.serving.metrics import EngineMetrics
+
+_NULL_BLOCK = 0
+_LCG_MUL = 1664525
+_LCG_ADD = 1013904223
+_LCG_MOD = 1 << 32
+
+
+class ContextTooLong(ValueError):
+    """A prompt longer than the replica's ``max_model_len`` (vLLM answers HTTP 400)."""
+
+
+class UnknownRequest(KeyError):
+    """An operation named a request id this replica does not hold."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Engine arguments and the step-time model.
+
+    A step lasts ``step_base_s + step_per_token_s × scheduled tokens + step_per_seq_s × scheduled
+    sequences + step_per_context_token_s × tokens attended``. Scheduled tokens are the uncached prompt
+    tokens of prefill chunks plus one per decoding sequence, so prefix-cache hits cost nothing; the
+    context term is the KV read by attention. Defaults are in the range of a 7-8B model in bf16 on one
+    H100-class GPU: ~8 ms per step at batch 1, ~35-40k prefill tokens/s, ~30 ms decode steps at batch 256.
+    """
+
+    num_gpu_blocks: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_model_len: int = 32768
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    step_base_s: float = 0.008
+    step_per_token_s: float = 25e-6
+    step_per_seq_s: float = 50e-6
+    step_per_context_token_s: float = 30e-9
+    vocab_size: int = 32000
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_gpu_blocks < 2:
+            raise ValueError("SimConfig.num_gpu_blocks must be at least 2 (one is the reserved null block)")
+        usable_tokens = (self.num_gpu_blocks - 1) * self.block_size
+        if self.max_model_len > usable_tokens:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} does not fit the KV pool of {usable_tokens} tokens; "
+                "raise num_gpu_blocks or lower max_model_len (vLLM refuses to start in this case too)"
+            )
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_gpu_blocks - 1
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    output_len: int  # tokens it generates before "stop", unless max_tokens or max_model_len cut it
+
+
+@dataclass(frozen=True)
+class SimFinished:
+    request_id: str
+    output_tokens: int
+    finish_reason: str  # "stop" | "length"
+    cached_prompt_tokens: int  # prefix-cache hit when it was first scheduled
+    queued_s: float  # arrival -> first scheduled
+    ttft_s: float  # arrival -> first output token
+    e2e_s: float  # arrival -> finished
+    preemptions: int
+    output_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class KVBlocks:
+    """Where the usable blocks are. ``free + evictable_cached + active == usable``."""
+
+    usable: int
+    free: int  # never used, or evicted from the prefix cache
+    evictable_cached: int  # no live request holds them; they keep a prefix-cache key until evicted
+    active: int  # held by running requests
+
+
+@dataclass(frozen=True)
+class SimStats:
+    steps: int
+    busy_s: float  # virtual time spent in steps
+    preemptions: int
+    recomputed_tokens: int  # tokens computed again after a preemption (prefix hits excluded)
+    prefill_tokens: int  # uncached prompt tokens computed, recomputation included
+    generation_tokens: int
+
+
+class _Live:
+    """One request inside the engine."""
+
+    __slots__ = (
+        "req", "tokens", "num_prompt", "stop_after", "num_computed", "max_computed", "blocks", "hashes",
+        "num_hashed_blocks", "arrival", "scheduled_at", "first_token_at", "cached_prompt_tokens", "preemptions",
+        "rng",
+    )
+
+    def __init__(self, req: SimRequest, arrival: float, max_model_len: int) -> None:
+        self.req = req
+        self.tokens = list(req.prompt_token_ids)
+        self.num_prompt = len(self.tokens)
+        room = max_model_len - self.num_prompt
+        self.stop_after = min(req.output_len, req.max_tokens, room)
+        self.num_computed = 0
+        self.max_computed = 0
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []  # prefix-cache keys of this request's full blocks, as far as computed
+        self.num_hashed_blocks = 0  # how many of self.blocks carry their key in the pool
+        self.arrival = arrival
+        self.scheduled_at: float | None = None
+        self.first_token_at: float | None = None
+        self.cached_prompt_tokens = 0
+        self.preemptions = 0
+        self.rng = zlib.crc32(req.request_id.encode())
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+
+class _BlockPool:
+    """Ref-counted blocks, an LRU free queue and the prefix-cache index, as in vLLM's block pool."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.ref = [0] * num_blocks
+        self.key: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # prefix key -> block id
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.evictable_cached = 0
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the head of the free queue, evicting their cache keys."""
+        out = []
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)
+            key = self.key[block]
+            if key is not None:
+                self.key[block] = None
+                self.evictable_cached -= 1
+                if self.cached.get(key) == block:
+                    del self.cached[key]
+            self.ref[block] = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        """Share cached blocks with one more request, taking idle ones out of the free queue."""
+        for block in blocks:
+            if self.ref[block] == 0:
+                del self.free[block]
+                self.evictable_cached -= 1
+            self.ref[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference; a request's tail blocks go to the queue first, so they are evicted first."""
+        for block in reversed(blocks):
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                self.free[block] = None
+                if self.key[block] is not None:
+                    self.evictable_cached += 1
+
+    def register(self, block: int, key: int) -> None:
+        """Give a just-filled block its prefix key, unless another block already holds that content."""
+        if key not in self.cached:
+            self.cached[key] = block
+            self.key[block] = key
+
+    def lookup(self, keys: list[int]) -> list[int]:
+        """The longest run of leading keys with a cached block."""
+        hits = []
+        for key in keys:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def free_after_touch(self, blocks: list[int]) -> int:
+        return len(self.free) - sum(1 for b in blocks if self.ref[b] == 0)
+
+
+def _or_now(t: float | None, now: float) -> float:
+    return now if t is None else t
+
+
+class SimReplica:
+    """One simulated vLLM engine. Drive it with ``submit`` / ``step`` / ``pop_finished``."""
+
+    def __init__(self, config: SimConfig, engine: str = "0") -> None:
+        self.config = config
+        self.engine = engine
+        self.now = 0.0
+        self._pool = _BlockPool(config.num_gpu_blocks)
+        self._waiting: deque[_Live] = deque()
+        self._running: list[_Live] = []
+        self._finished: list[SimFinished] = []
+        self._ids: set[str] = set()
+        self._preemptions = 0
+        self._recomputed = 0
+        self._prefill_tokens = 0
+        self._prompt_tokens_total = 0
+        self._generation_tokens = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._steps = 0
+        self._busy_s = 0.0
+
+    # -- requests in and out -------------------------------------------------------------------------
+
+    def submit(self, req: SimRequest, arrival_s: float | None = None) -> None:
+        """Queue a request. ``arrival_s`` (default ``now``) lets a driver date an arrival inside a step."""
+        if len(req.prompt_token_ids) >= self.config.max_model_len:
+            raise ContextTooLong(
+                f"request {req.request_id!r} has {len(req.prompt_token_ids)} prompt tokens but this replica's "
+                f"max_model_len is {self.config.max_model_len}; shorten the conversation"
+            )
+        if not req.prompt_token_ids:
+            raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        if req.max_tokens < 1 or req.output_len < 1:
+            raise ValueError(f"request {req.request_id!r} needs max_tokens >= 1 and output_len >= 1")
+        if req.request_id in self._ids:
+            raise ValueError(f"request id {req.request_id!r} is already queued or running on engine {self.engine}")
+        self._ids.add(req.request_id)
+        self._waiting.append(_Live(req, self.now if arrival_s is None else arrival_s, self.config.max_model_len))
+
+    def abort(self, request_id: str) -> None:
+        """Drop a queued or running request (a client went away); its blocks are freed, not reported."""
+        for queue in (self._waiting, self._running):
+            for live in queue:
+                if live.req.request_id == request_id:
+                    queue.remove(live)
+                    self._pool.release(live.blocks)
+                    self._ids.discard(request_id)
+                    return
+        raise UnknownRequest(f"engine {self.engine} holds no request {request_id!r}")
+
+    def pop_finished(self) -> list[SimFinished]:
+        out, self._finished = self._finished, []
+        return out
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def advance_to(self, t: float) -> None:
+        """Move an idle engine's clock forward (time passes while nothing runs)."""
+        if self.has_work():
+            raise RuntimeError(f"engine {self.engine} is busy; its clock only moves by step()")
+        self.now = max(self.now, t)
+
+    # -- the scheduler -------------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """Run one continuous-batching step and return its duration (0.0 when there is nothing to do)."""
+        scheduled = self._schedule()
+        if not scheduled:
+            return 0.0
+        cfg = self.config
+        tokens = sum(n for _, n in scheduled)
+        context = sum(live.num_computed + n for live, n in scheduled)
+        dt = (
+            cfg.step_base_s
+            + cfg.step_per_token_s * tokens
+            + cfg.step_per_seq_s * len(scheduled)
+            + cfg.step_per_context_token_s * context
+        )
+        self.now += dt
+        self._steps += 1
+        self._busy_s += dt
+        done = [live for live, n in scheduled if self._advance(live, n)]
+        if done:
+            finished = set(map(id, done))
+            self._running = [live for live in self._running if id(live) not in finished]
+            for live in done:
+                self._finish(live)
+        return dt
+
+    def _schedule(self) -> list[tuple[_Live, int]]:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[_Live, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self._running) and budget > 0:
+            live = self._running[i]
+            n = min(len(live.tokens) - live.num_computed, budget)
+            need = self._blocks_for(live.num_computed + n) - len(live.blocks)
+            # Make room by evicting the newest running request; stop if that is this one.
+            while need > len(self._pool.free):
+                victim = self._running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is live:
+                    break
+            else:
+                if need > 0:
+                    live.blocks.extend(self._pool.allocate(need))
+                self._count_recompute(live, n)
+                scheduled.append((live, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        # Like vLLM, admit nothing new in a step that had to preempt.
+        while not preempted and self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            live = self._waiting[0]
+            hits = self._prefix_hits_for(live)
+            cached_tokens = len(hits) * self.config.block_size
+            n = min(len(live.tokens) - cached_tokens, budget)
+            need = self._blocks_for(cached_tokens + n) - len(hits)
+            if need > self._pool.free_after_touch(hits):
+                break
+            self._waiting.popleft()
+            self._pool.touch(hits)
+            live.blocks = hits + self._pool.allocate(need)
+            live.num_hashed_blocks = len(hits)
+            live.num_computed = cached_tokens
+            if live.scheduled_at is None:
+                live.scheduled_at = self.now
+                live.cached_prompt_tokens = cached_tokens
+            self._prefix_queries += len(live.tokens)
+            self._prefix_hits += cached_tokens
+            self._count_recompute(live, n)
+            self._running.append(live)
+            scheduled.append((live, n))
+            budget -= n
+        return scheduled
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _prefix_hits_for(self, live: _Live) -> list[int]:
+        if not self.config.enable_prefix_caching:
+            return []
+        # At least one token must be computed to produce logits, as in vLLM.
+        cacheable = (len(live.tokens) - 1) // self.config.block_size
+        self._extend_hashes(live, cacheable)
+        return self._pool.lookup(live.hashes[:cacheable])
+
+    def _extend_hashes(self, live: _Live, num_blocks: int) -> None:
+        bs = self.config.block_size
+        hashes = live.hashes
+        parent = hashes[-1] if hashes else 0
+        for b in range(len(hashes), num_blocks):
+            parent = hash((parent, tuple(live.tokens[b * bs : (b + 1) * bs])))
+            hashes.append(parent)
+
+    def _count_recompute(self, live: _Live, n: int) -> None:
+        start = live.num_computed
+        self._recomputed += max(0, min(start + n, live.max_computed) - start)
+        if start < live.num_prompt:
+            self._prefill_tokens += min(start + n, live.num_prompt) - start
+
+    def _preempt(self, live: _Live) -> None:
+        self._pool.release(live.blocks)
+        live.blocks = []
+        live.num_hashed_blocks = 0
+        live.num_computed = 0
+        live.preemptions += 1
+        self._preemptions += 1
+        self._waiting.appendleft(live)
+
+    def _advance(self, live: _Live, n: int) -> bool:
+        """Account one step's work for a request; True when it finished."""
+        live.num_computed += n
+        if live.num_computed > live.max_computed:
+            live.max_computed = live.num_computed
+        if self.config.enable_prefix_caching:
+            self._register_full_blocks(live)
+        if live.num_computed < len(live.tokens):
+            return False  # still in (chunked) prefill
+        live.rng = (live.rng * _LCG_MUL + _LCG_ADD) % _LCG_MOD
+        live.tokens.append(live.rng % self.config.vocab_size)
+        self._generation_tokens += 1
+        if live.first_token_at is None:
+            live.first_token_at = self.now
+            self._prompt_tokens_total += live.num_prompt
+        return live.num_output >= live.stop_after
+
+    def _register_full_blocks(self, live: _Live) -> None:
+        full = live.num_computed // self.config.block_size
+        if full <= live.num_hashed_blocks:
+            return
+        self._extend_hashes(live, full)
+        for b in range(live.num_hashed_blocks, full):
+            self._pool.register(live.blocks[b], live.hashes[b])
+        live.num_hashed_blocks = full
+
+    def _finish(self, live: _Live) -> None:
+        self._pool.release(live.blocks)
+        live.blocks = []
+        self._ids.discard(live.req.request_id)
+        req = live.req
+        reason = "stop" if live.num_output >= req.output_len else "length"
+        self._finished.append(
+            SimFinished(
+                request_id=req.request_id,
+                output_tokens=live.num_output,
+                finish_reason=reason,
+                cached_prompt_tokens=live.cached_prompt_tokens,
+                queued_s=_or_now(live.scheduled_at, self.now) - live.arrival,
+                ttft_s=_or_now(live.first_token_at, self.now) - live.arrival,
+                e2e_s=self.now - live.arrival,
+                preemptions=live.preemptions,
+                output_token_ids=tuple(live.tokens[live.num_prompt :]),
+            )
+        )
+
+    # -- what /metrics and the bench see -------------------------------------------------------------
+
+    def kv_blocks(self) -> KVBlocks:
+        usable = self.config.usable_blocks
+        free_total = len(self._pool.free)
+        evictable = self._pool.evictable_cached
+        return KVBlocks(usable=usable, free=free_total - evictable, evictable_cached=evictable, active=usable - free_total)
+
+    def metrics(self) -> EngineMetrics:
+        """The numbers vLLM's ``/metrics`` would show for this engine right now."""
+        return EngineMetrics(
+            engine=self.engine,
+            num_requests_running=float(len(self._running)),
+            num_requests_waiting=float(len(self._waiting)),
+            kv_cache_usage=1.0 - len(self._pool.free) / self.config.usable_blocks,
+            num_preemptions_total=float(self._preemptions),
+            prompt_tokens_total=float(self._prompt_tokens_total),
+            generation_tokens_total=float(self._generation_tokens),
+            prefix_cache_queries_total=float(self._prefix_queries),
+            prefix_cache_hits_total=float(self._prefix_hits),
+            num_gpu_blocks=self.config.num_gpu_blocks,
+            block_size=self.config.block_size,
+        )
+
+    def stats(self) -> SimStats:
+        return SimStats(
+            steps=self._steps,
+            busy_s=self._busy_s,
+            preemptions=self._preemptions,
+            recomputed_tokens=self._recomputed,
+            prefill_tokens=self._prefill_tokens,
+            generation_tokens=self._generation_tokens,
+        )
