@@ -383,7 +383,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return reply.completion_tokens is not None and reply.completion_tokens >= self.max_turn_tokens
 
     def _time_left(self, episode: _Episode) -> float:
-        limit = self.task.agent_timeout_sec
+        limit = self.task.agent_timeout_s
         if limit is None:
             return float("inf")
         return limit - (time.monotonic() - episode.started)

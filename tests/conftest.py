@@ -28,3 +28,45 @@ def docker_required() -> None:
     if env_flag(REQUIRE_DOCKER, False):
         pytest.fail(f"{problem}; {REQUIRE_DOCKER}=1 makes this a failure, not a skip")
     pytest.skip(problem)
+
+
+TINY_TOML = """\
+version = "1.0"
+
+[metadata]
+difficulty = "easy"
+category = "files"
+
+[verifier]
+timeout_sec = 60
+
+[agent]
+timeout_sec = 300
+
+[environment]
+cpus = 1
+memory_mb = 512
+allow_internet = false
+"""
+
+TINY_TEST = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /app/hello.txt 2>/dev/null)" = "hello" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A minimal Harbor-format task: write 'hello' into /app/hello.txt."""
+    root = tmp_path_factory.mktemp("tiny") / "tiny-hello"
+    (root / "environment").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "solution").mkdir()
+    (root / "task.toml").write_text(TINY_TOML)
+    (root / "instruction.md").write_text("Write the word hello (and a newline) into /app/hello.txt.\n")
+    (root / "environment" / "Dockerfile").write_text("FROM terminus-env/base:bookworm\nWORKDIR /app\n")
+    (root / "tests" / "test.sh").write_text(TINY_TEST)
+    (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    return root
+
