@@ -1,0 +1,305 @@
+"""How many rollouts may be in flight: a fixed cap from the capacity rule, or one that adapts.
+
+Admission is where KV safety has to come from: once a rollout runs, its trace keeps growing and the
+engine can only shed it by preempting (recomputing) someone, so the controller budgets *predicted
+final* trace lengths before it lets a rollout start, and never cancels one in flight.
+
+Each class has a synchronous core (``try_acquire`` / ``release`` / ``on_turn`` / ``observe``) that a
+virtual-time driver calls directly, and an async ``acquire`` that waits its turn in FIFO order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+from collections import deque
+from collections.abc import Mapping
+
+from terminus_env.serving.capacity import max_rollout_concurrency, max_rollout_concurrency_from_metrics
+from terminus_env.serving.metrics import EngineMetrics
+
+
+class Admission:
+    """Base: counts admitted sessions against ``limit``; subclasses decide the limit."""
+
+    def __init__(self) -> None:
+        self._admitted: set[str] = set()
+        self._waiters: deque[tuple[str, str | None, asyncio.Future[None]]] = deque()
+
+    @property
+    def limit(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._admitted)
+
+    def try_acquire(self, session_id: str, group_id: str | None = None) -> bool:
+        """Admit now if under the limit; never waits. Re-acquiring an admitted session is an error."""
+        if session_id in self._admitted:
+            raise ValueError(f"session {session_id!r} is already admitted; release it before acquiring again")
+        if len(self._admitted) >= self.limit:
+            return False
+        self._admitted.add(session_id)
+        self._on_admit(session_id, group_id)
+        return True
+
+    async def acquire(self, session_id: str, group_id: str | None = None) -> None:
+        """Wait until admitted; earlier callers go first."""
+        if not self._waiters and self.try_acquire(session_id, group_id):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (session_id, group_id, future)
+        self._waiters.append(entry)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(session_id, 0)  # admitted just as the caller gave up
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
+            raise
+
+    def release(self, session_id: str, final_trace_tokens: int) -> None:
+        """The rollout ended with a trace of ``final_trace_tokens`` (0 if unknown); frees its slot."""
+        if session_id not in self._admitted:
+            return
+        self._admitted.discard(session_id)
+        self._on_release(session_id, final_trace_tokens)
+        self._wake()
+
+    def on_turn(self, session_id: str, trace_tokens: int) -> None:
+        """The session's live trace after a turn (prompt + completion tokens)."""
+
+    def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
+        """The latest scrape of every replica."""
+
+    def _on_admit(self, session_id: str, group_id: str | None) -> None:
+        pass
+
+    def _on_release(self, session_id: str, final_trace_tokens: int) -> None:
+        pass
+
+    def _wake(self) -> None:
+        while self._waiters:
+            session_id, group_id, future = self._waiters[0]
+            if future.done():  # cancelled while queued
+                self._waiters.popleft()
+                continue
+            if not self.try_acquire(session_id, group_id):
+                return
+            self._waiters.popleft()
+            future.set_result(None)
+
+
+class FixedAdmission(Admission):
+    """A constant cap, e.g. the seed's ``min(pipeline cap, x × DP)`` with headroom."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"an admission limit must be at least 1, got {limit}")
+        super().__init__()
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @classmethod
+    def from_capacity(cls, pipeline_cap: int, per_rank: float, dp: int, headroom: float = 0.9) -> FixedAdmission:
+        """The capacity rule with ``x = per_rank`` traces per replica (see ``capacity.requests_per_rank``)."""
+        return cls(max_rollout_concurrency(pipeline_cap, per_rank, dp, headroom))
+
+    @classmethod
+    def from_metrics(
+        cls, replicas: Mapping[str, EngineMetrics], pipeline_cap: int, avg_trace_tokens: float, headroom: float = 0.9
+    ) -> FixedAdmission:
+        """The capacity rule over live replicas' scraped KV pools."""
+        return cls(max_rollout_concurrency_from_metrics(replicas, pipeline_cap, avg_trace_tokens, headroom))
+
+
+class AdaptiveAdmission(Admission):
+    """A cap that budgets the predicted final traces of running rollouts against the KV pool.
+
+    On each ``observe`` it predicts every running rollout's final trace length (finished siblings of its
+    group first, then finished rollouts at least as long as it is now, then ``prior_trace_tokens``),
+    and sets ``limit = running + (target × KV capacity - Σ predictions) // expected new trace``, within
+    ``[min_limit, pipeline_cap]``. ``target`` shrinks by ``backoff`` whenever the engines' preemption
+    counters rise and creeps back after ``recover_after`` quiet observations. Moves smaller than
+    ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
+    observations in a row, so one burst does not swing it; preemptions lower it at once.
+    """
+
+    def __init__(
+        self,
+        pipeline_cap: int,
+        prior_trace_tokens: float,
+        *,
+        kv_capacity_tokens: int | None = None,
+        target_usage: float = 0.9,
+        min_limit: int = 1,
+        backoff: float = 0.8,
+        min_target_scale: float = 0.3,
+        recover_after: int = 10,
+        recover_step: float = 0.05,
+        deadband: float = 0.05,
+        patience: int = 3,
+        history: int = 512,
+    ) -> None:
+        if pipeline_cap < 1 or min_limit < 1 or min_limit > pipeline_cap:
+            raise ValueError(f"need 1 <= min_limit ({min_limit}) <= pipeline_cap ({pipeline_cap})")
+        if prior_trace_tokens <= 0:
+            raise ValueError(f"prior_trace_tokens must be positive, got {prior_trace_tokens}")
+        if not 0 < target_usage <= 1 or not 0 < backoff < 1 or not 0 < min_target_scale <= 1:
+            raise ValueError("target_usage, backoff and min_target_scale must be fractions in (0, 1]")
+        super().__init__()
+        self.pipeline_cap = pipeline_cap
+        self.prior_trace_tokens = float(prior_trace_tokens)
+        self.target_usage = target_usage
+        self.min_limit = min_limit
+        self.backoff = backoff
+        self.min_target_scale = min_target_scale
+        self.recover_after = recover_after
+        self.recover_step = recover_step
+        self.deadband = deadband
+        self.patience = patience
+        self._capacity = kv_capacity_tokens
+        self._scale = 1.0  # preemption backoff on target_usage
+        self._live: dict[str, int] = {}  # session -> live trace tokens
+        self._group_of: dict[str, str | None] = {}
+        self._group_finals: dict[str, list[int]] = {}
+        self._live_per_group: dict[str, int] = {}
+        self._finals: deque[int] = deque(maxlen=history)
+        self._sorted_finals: list[int] = []
+        self._suffix: list[float] | None = None
+        self._preemptions: float | None = None
+        self._quiet = 0
+        self._pending_dir = 0
+        self._pending_count = 0
+        self._limit = self._initial_limit()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def target_scale(self) -> float:
+        """The current preemption backoff applied to ``target_usage`` (1.0 = none)."""
+        return self._scale
+
+    # -- inputs --------------------------------------------------------------------------------------
+
+    def _on_admit(self, session_id: str, group_id: str | None) -> None:
+        self._live[session_id] = 0
+        self._group_of[session_id] = group_id
+        if group_id is not None:
+            self._live_per_group[group_id] = self._live_per_group.get(group_id, 0) + 1
+
+    def on_turn(self, session_id: str, trace_tokens: int) -> None:
+        if session_id in self._live:
+            self._live[session_id] = trace_tokens
+
+    def _on_release(self, session_id: str, final_trace_tokens: int) -> None:
+        self._live.pop(session_id, None)
+        group = self._group_of.pop(session_id, None)
+        if final_trace_tokens > 0:
+            self._remember_final(final_trace_tokens)
+            if group is not None:
+                self._group_finals.setdefault(group, []).append(final_trace_tokens)
+        if group is not None:
+            self._live_per_group[group] -= 1
+            if self._live_per_group[group] == 0:  # the group is done: its finals are no use any more
+                del self._live_per_group[group]
+                self._group_finals.pop(group, None)
+
+    def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
+        capacities = [m.kv_capacity_tokens for m in metrics.values()]
+        if capacities and all(c is not None for c in capacities):
+            self._capacity = sum(c for c in capacities if c is not None)
+        preempted = self._preemptions_rose(metrics)
+        if preempted:
+            self._scale = max(self.min_target_scale, self._scale * self.backoff)
+            self._quiet = 0
+        else:
+            self._quiet += 1
+            if self._quiet >= self.recover_after and self._scale < 1.0:
+                self._scale = min(1.0, self._scale + self.recover_step)
+                self._quiet = 0
+        self._update_limit(self.desired_limit(), urgent=preempted)
+        self._wake()
+
+    def _preemptions_rose(self, metrics: Mapping[str, EngineMetrics]) -> bool:
+        total = sum(m.num_preemptions_total for m in metrics.values())
+        rose = self._preemptions is not None and total > self._preemptions
+        self._preemptions = total
+        return rose
+
+    # -- the decision --------------------------------------------------------------------------------
+
+    def predict_final(self, session_id: str) -> float:
+        """Expected final trace tokens of a running rollout."""
+        now = self._live.get(session_id, 0)
+        group = self._group_of.get(session_id)
+        siblings = [f for f in self._group_finals.get(group, ()) if f >= now] if group is not None else []
+        if siblings:
+            return sum(siblings) / len(siblings)
+        if self._sorted_finals:
+            i = bisect.bisect_left(self._sorted_finals, now)
+            if i < len(self._sorted_finals):
+                return self._suffix_sums()[i] / (len(self._sorted_finals) - i)
+            return now * 1.25  # longer than anything seen: expect it to keep growing a while
+        return max(self.prior_trace_tokens, now * 1.25)
+
+    def expected_new_trace(self) -> float:
+        if self._finals:
+            return sum(self._finals) / len(self._finals)
+        return self.prior_trace_tokens
+
+    def desired_limit(self) -> int:
+        """What the limit would be now, before deadband and patience."""
+        if self._capacity is None:
+            return self._limit
+        budget = self.target_usage * self._scale * self._capacity
+        committed = sum(self.predict_final(s) for s in self._live)
+        room = math.floor((budget - committed) / self.expected_new_trace())  # < 0 when over budget
+        return max(self.min_limit, min(self.pipeline_cap, len(self._live) + room))
+
+    def _initial_limit(self) -> int:
+        if self._capacity is None:
+            return self.min_limit  # nothing known yet: the first observe() sets it
+        room = math.floor(self.target_usage * self._capacity / self.prior_trace_tokens)
+        return max(self.min_limit, min(self.pipeline_cap, room))
+
+    def _update_limit(self, desired: int, urgent: bool) -> None:
+        if urgent and desired < self._limit:
+            self._limit = desired
+            self._pending_count = 0
+            return
+        if abs(desired - self._limit) <= max(1, self.deadband * self._limit):
+            self._pending_count = 0
+            return
+        direction = 1 if desired > self._limit else -1
+        if direction != self._pending_dir:
+            self._pending_dir, self._pending_count = direction, 0
+        self._pending_count += 1
+        if self._pending_count >= self.patience:
+            self._limit = desired
+            self._pending_count = 0
+
+    def _suffix_sums(self) -> list[float]:
+        """``sums[i] = sum(sorted finals[i:])``, rebuilt only after a rollout finished."""
+        if self._suffix is None:
+            sums = [0.0] * (len(self._sorted_finals) + 1)
+            for i in range(len(self._sorted_finals) - 1, -1, -1):
+                sums[i] = sums[i + 1] + self._sorted_finals[i]
+            self._suffix = sums
+        return self._suffix
+
+    def _remember_final(self, tokens: int) -> None:
+        self._suffix = None
+        if len(self._finals) == self._finals.maxlen:
+            old = self._finals[0]
+            del self._sorted_finals[bisect.bisect_left(self._sorted_finals, old)]
+        self._finals.append(tokens)
+        bisect.insort(self._sorted_finals, tokens)

@@ -1,0 +1,1 @@
+"""A simulated vLLM replica: the engine model (engine.py), its HTTP surface and a virtual-time cluster."""
