@@ -1,1 +1,27 @@
-"""serving"""
+"""Serving rollouts from vLLM replicas: a pool with sticky routing, admission and failover.
+
+The public names load on first use, so importing one submodule (the simulator, the parser) does
+not pull in the HTTP client.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ServingPool": "terminus_env.serving.pool",
+    "Completion": "terminus_env.serving.client",
+    "ServingError": "terminus_env.serving.client",
+    "ContextLengthExceeded": "terminus_env.serving.client",
+    "ReplicaUnavailable": "terminus_env.serving.client",
+    "ReplicaClient": "terminus_env.serving.client",
+    "EngineMetrics": "terminus_env.serving.metrics",
+    "parse_metrics": "terminus_env.serving.metrics",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'terminus_env.serving' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

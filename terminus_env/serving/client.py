@@ -1,0 +1,152 @@
+"""An async client for one vLLM server: chat with token ids and logprobs, ``/health``, ``/metrics``.
+
+Every failure is one of two kinds a caller acts on differently: the request itself is bad
+(:class:`ContextLengthExceeded`, or another :class:`ServingError`) and retrying cannot help, or the
+replica is unavailable (:class:`ReplicaUnavailable`) and the same request may go elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from terminus_env.serving.metrics import EngineMetrics, MetricsParseError, parse_metrics
+
+
+class ServingError(Exception):
+    """A serving request failed; the message says what the server answered."""
+
+
+class ContextLengthExceeded(ServingError):
+    """The conversation plus ``max_tokens`` no longer fits the model's context (vLLM's HTTP 400).
+
+    The episode has hit its context limit; retrying the same request anywhere fails the same way.
+    """
+
+
+class ReplicaUnavailable(ServingError):
+    """The replica did not answer (connection error, timeout) or failed (5xx); try another one."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One chat turn's result, with the token ids a trainer needs to avoid re-tokenizing."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_token_ids: list[int] | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    replica: str
+
+
+class ReplicaClient:
+    """One vLLM server at ``base_url`` (``http://host:port``, with or without ``/v1``)."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        # Agents keep many sessions open at once; httpx's default pool of 100 would queue them here.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits, transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> ReplicaClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def chat(self, model: str, messages: list[dict], *, max_tokens: int, logprobs: bool = True,
+                   headers: dict[str, str] | None = None, **sampling: Any) -> Completion:
+        """One ``/v1/chat/completions`` call asking for prompt and output token ids."""
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "logprobs": logprobs,
+                "return_token_ids": True, **sampling}
+        response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+        return self._completion(response)
+
+    async def health(self) -> bool:
+        """True when the server answers ``/health`` with 200; never raises."""
+        try:
+            response = await self._http.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def metrics(self) -> dict[str, EngineMetrics]:
+        """The server's ``/metrics``, one entry per engine."""
+        response = await self._request("GET", "/metrics")
+        try:
+            return parse_metrics(response.text)
+        except MetricsParseError as exc:
+            raise ServingError(f"{self.base_url}/metrics: {exc}") from exc
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ReplicaUnavailable(f"{self.base_url}{path}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise ReplicaUnavailable(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise ReplicaUnavailable(f"{self.base_url}{path}: HTTP {response.status_code}: {_error_message(response)}")
+        if response.status_code >= 400:
+            message = _error_message(response)
+            if response.status_code == 400 and "maximum context length" in message:
+                raise ContextLengthExceeded(message)
+            raise ServingError(f"{self.base_url}{path}: HTTP {response.status_code}: {message}")
+        return response
+
+    def _completion(self, response: httpx.Response) -> Completion:
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            usage = data["usage"]
+            content = choice["logprobs"]["content"] if choice.get("logprobs") else None
+            return Completion(
+                text=choice["message"].get("content") or "",
+                finish_reason=choice["finish_reason"],
+                prompt_tokens=usage["prompt_tokens"],
+                completion_tokens=usage["completion_tokens"],
+                prompt_token_ids=data.get("prompt_token_ids"),
+                token_ids=choice.get("token_ids"),
+                logprobs=[entry["logprob"] for entry in content] if content is not None else None,
+                replica=self.base_url,
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ServingError(f"{self.base_url}: not an OpenAI chat completion: {response.text[:200]!r}") from exc
+
+
+def message_text(message: dict) -> str:
+    """A chat message's text, whether ``content`` is a string or OpenAI's list of parts."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def _error_message(response: httpx.Response) -> str:
+    """vLLM's error body: ``{"error": {"message": ...}}`` now, ``{"message": ...}`` in old releases."""
+    try:
+        body = response.json()
+    except (ValueError, json.JSONDecodeError):
+        return response.text[:500]
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and "message" in inner:
+            return str(inner["message"])
+        if "message" in body:
+            return str(body["message"])
+    return response.text[:500]

@@ -1,0 +1,76 @@
+"""``python -m terminus_env.serving.sim serve --port P ...``: run a simulated vLLM server until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.replies import ReplySource, ScriptedReplies, default_reply, load_reply_source
+from terminus_env.serving.sim.server import ServerConfig, SimServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m terminus_env.serving.sim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve vLLM's HTTP API from simulated engines")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, required=True, help="0 picks a free port (printed on start)")
+    serve.add_argument("--model", default="sim", help="the model name the server answers to")
+    serve.add_argument("--engines", type=int, default=1, help="data-parallel engines behind this port")
+    serve.add_argument("--num-gpu-blocks", type=int, default=SimConfig.num_gpu_blocks)
+    serve.add_argument("--block-size", type=int, default=SimConfig.block_size)
+    serve.add_argument("--max-model-len", type=int, default=SimConfig.max_model_len)
+    serve.add_argument("--max-num-seqs", type=int, default=SimConfig.max_num_seqs)
+    serve.add_argument("--time-scale", type=float, default=1.0,
+                       help="real seconds per simulated second (0: as fast as possible)")
+    replies = serve.add_mutually_exclusive_group()
+    replies.add_argument("--replies", metavar="FILE", help="scripted replies, JSON lines (see ScriptedReplies)")
+    replies.add_argument("--reply-source", metavar="MODULE:CALLABLE", help="a callable (messages) -> reply text")
+    return parser
+
+
+def _reply_source(args: argparse.Namespace) -> ReplySource:
+    if args.replies:
+        return ScriptedReplies.from_file(args.replies)
+    if args.reply_source:
+        return load_reply_source(args.reply_source)
+    return default_reply
+
+
+async def _serve(config: ServerConfig, replies: ReplySource, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = SimServer(config, replies)
+    await server.start(host, port)
+    print(f"serving {config.model!r} on {server.url} ({config.engines} engine(s))", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        engine = SimConfig(num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+                           max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+        config = ServerConfig(model=args.model, engines=args.engines, engine=engine, time_scale=args.time_scale)
+        replies = _reply_source(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config, replies, args.host, args.port))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

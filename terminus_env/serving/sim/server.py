@@ -1,0 +1,281 @@
+"""A simulated vLLM server: the same HTTP surface, its engines modelled by :class:`SimReplica` in real time.
+
+Each engine runs a loop: ``dt = step()``, sleep ``dt × time_scale``, hand finished requests back
+to their HTTP handlers. Replies come from a :class:`ReplySource` and are tokenized with the toy
+tokenizer, so token counts, ``max_tokens`` cuts, context-length errors and prefix reuse behave as
+on a real server while the words come from a script or an oracle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from terminus_env.serving.sim.engine import SimConfig, SimFinished, SimReplica, SimRequest, UnknownRequest
+from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
+from terminus_env.serving.sim.http import Request, Response, serve_connection
+from terminus_env.serving.sim.replies import ReplySource, default_reply
+from terminus_env.serving.sim.tokenizer import IM_END, encode_chat, pieces, token_id
+
+DP_RANK_HEADER = "x-data-parallel-rank"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = "sim"
+    engines: int = 1
+    engine: SimConfig = field(default_factory=SimConfig)
+    time_scale: float = 1.0  # real seconds per simulated second; 0 runs as fast as the loop can
+
+    def __post_init__(self) -> None:
+        if self.engines < 1:
+            raise ValueError(f"engines must be at least 1, got {self.engines}")
+        if self.time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {self.time_scale}")
+
+
+class _EngineDriver:
+    """Runs one :class:`SimReplica` against the wall clock and resolves each request's future."""
+
+    def __init__(self, replica: SimReplica, time_scale: float, on_finished: Callable[[str, SimFinished], None]):
+        self.replica = replica
+        self._time_scale = time_scale
+        self._on_finished = on_finished
+        self._pending: dict[str, asyncio.Future[SimFinished]] = {}
+        self._wake = asyncio.Event()
+        self._epoch = time.monotonic()
+
+    def load(self) -> float:
+        """vLLM's own data-parallel balancing score: ``waiting × 4 + running``."""
+        m = self.replica.metrics()
+        return m.num_requests_waiting * 4 + m.num_requests_running
+
+    async def generate(self, request: SimRequest) -> SimFinished:
+        if not self.replica.has_work() and self._time_scale > 0:
+            # An idle engine's clock follows the wall clock, so queue times start at arrival.
+            self.replica.advance_to((time.monotonic() - self._epoch) / self._time_scale)
+        self.replica.submit(request)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request.request_id] = future
+        self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abort(request.request_id)
+            raise
+
+    def _abort(self, request_id: str) -> None:
+        """A client that went away frees its KV, as vLLM aborts a disconnected request."""
+        if self._pending.pop(request_id, None) is not None:
+            try:
+                self.replica.abort(request_id)
+            except UnknownRequest:
+                pass
+
+    async def run(self) -> None:
+        while True:
+            if not self.replica.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            dt = self.replica.step()
+            await asyncio.sleep(dt * self._time_scale)
+            for done in self.replica.pop_finished():
+                self._on_finished(self.replica.engine, done)
+                future = self._pending.pop(done.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(done)
+
+
+class SimServer:
+    """``async with SimServer(config) as server: server.url`` — or ``start()`` / ``aclose()``."""
+
+    def __init__(self, config: ServerConfig | None = None, replies: ReplySource = default_reply) -> None:
+        self.config = config or ServerConfig()
+        self._replies = replies
+        replicas = [SimReplica(self.config.engine, engine=str(i)) for i in range(self.config.engines)]
+        self._exposition = Exposition(self.config.model, replicas)
+        self._drivers = [_EngineDriver(r, self.config.time_scale, self._exposition.observe) for r in replicas]
+        self._ids = itertools.count()
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._connections: set[asyncio.Task] = set()
+        self.host = ""
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def replicas(self) -> list[SimReplica]:
+        return [driver.replica for driver in self._drivers]
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (0 picks a free port; read it from ``.port``)."""
+        self._tasks = [asyncio.create_task(driver.run()) for driver in self._drivers]
+        self._server = await asyncio.start_server(self._on_connection, host, port)
+        self.host, self.port = self._server.sockets[0].getsockname()[:2]
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in [*self._connections, *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._connections, *self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            await serve_connection(reader, writer, self._route)
+        finally:
+            self._connections.discard(task)
+
+    async def _route(self, request: Request) -> Response:
+        routes = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+        }
+        handler = routes.get((request.method, request.path))
+        if handler is None:
+            known = any(path == request.path for _, path in routes)
+            return Response.json(405 if known else 404, {"detail": "Method Not Allowed" if known else "Not Found"})
+        try:
+            return await handler(request)
+        except _ApiError as exc:
+            return exc.response()
+
+    async def _health(self, request: Request) -> Response:
+        return Response(200, content_type="text/plain")
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(200, self._exposition.render(), content_type=CONTENT_TYPE)
+
+    async def _models(self, request: Request) -> Response:
+        card = {"id": self.config.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": self.config.model, "parent": None, "max_model_len": self.config.engine.max_model_len}
+        return Response.json(200, {"object": "list", "data": [card]})
+
+    async def _chat(self, request: Request) -> Response:
+        body, prompt = _chat_body(request)
+        if body.get("model") not in (None, self.config.model):
+            raise _ApiError(404, f"The model `{body['model']}` does not exist.")
+        messages = body["messages"]
+        max_tokens = self._check_context(len(prompt), body.get("max_completion_tokens") or body.get("max_tokens"))
+        try:
+            reply = pieces(self._replies(messages))
+        except Exception as exc:  # a broken script or oracle is the server's fault, as a model crash would be
+            raise _ApiError(500, f"reply source failed: {type(exc).__name__}: {exc}") from exc
+        request_id = f"chatcmpl-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
+        # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
+        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(reply) + 1)
+        done = await driver.generate(sim_request)
+        return Response.json(200, self._completion_body(body, request_id, prompt, reply, done))
+
+    def _check_context(self, prompt_len: int, max_tokens: object) -> int:
+        """vLLM's two context-length refusals, word for word where clients parse them."""
+        limit = self.config.engine.max_model_len
+        if prompt_len >= limit:
+            raise _ApiError(400, f"This model's maximum context length is {limit} tokens. However, your request "
+                                 f"has {prompt_len} input tokens. Please reduce the length of the input messages.")
+        if max_tokens is None:
+            return limit - prompt_len
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise _ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
+        if prompt_len + max_tokens > limit:
+            raise _ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                                 f"maximum context length is {limit} tokens and your request has {prompt_len} input "
+                                 f"tokens ({max_tokens} > {limit} - {prompt_len}).")
+        return max_tokens
+
+    def _pick_engine(self, rank: str | None) -> _EngineDriver:
+        if rank is None:
+            return min(self._drivers, key=_EngineDriver.load)
+        if not rank.isdigit() or int(rank) >= len(self._drivers):
+            raise _ApiError(400, f"{DP_RANK_HEADER}: {rank!r} is not an engine of this server "
+                                 f"(0..{len(self._drivers) - 1})")
+        return self._drivers[int(rank)]
+
+    def _completion_body(self, body: dict, request_id: str, prompt: list[int], reply: list[str],
+                         done: SimFinished) -> dict:
+        kept = reply[: done.output_tokens]
+        texts = kept + ["<|im_end|>"] * (done.output_tokens - len(kept))
+        ids = [token_id(piece) for piece in kept] + [IM_END] * (done.output_tokens - len(kept))
+        choice: dict = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(kept), "tool_calls": []},
+            "logprobs": _logprobs(texts, ids) if body.get("logprobs") else None,
+            "finish_reason": done.finish_reason,
+            "stop_reason": None,
+        }
+        response = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.config.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": done.output_tokens,
+                "total_tokens": len(prompt) + done.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
+            },
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+            response["prompt_token_ids"] = prompt
+        return response
+
+
+class _ApiError(Exception):
+    """An error answered in vLLM's body shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def response(self) -> Response:
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
+        error = {"message": str(self), "type": kind, "param": None, "code": self.status}
+        return Response.json(self.status, {"error": error})
+
+
+def _chat_body(request: Request) -> tuple[dict, list[int]]:
+    """The request's JSON and its prompt tokens, or a 400 saying what is wrong."""
+    try:
+        body = request.json()
+    except ValueError as exc:
+        raise _ApiError(400, f"request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise _ApiError(400, "a chat completion needs a non-empty 'messages' list")
+    if body.get("stream"):
+        raise _ApiError(400, "the simulator does not stream; send stream=false")
+    try:
+        return body, encode_chat(body["messages"])
+    except ValueError as exc:
+        raise _ApiError(400, str(exc)) from exc
+
+
+def _logprobs(texts: list[str], ids: list[int]) -> dict:
+    """Deterministic, plausible log-probabilities in (-4, 0] (the simulator samples nothing)."""
+    content = [{"token": text, "logprob": -((tid % 4000) / 1000.0), "bytes": list(text.encode()), "top_logprobs": []}
+               for text, tid in zip(texts, ids)]
+    return {"content": content}

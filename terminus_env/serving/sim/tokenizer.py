@@ -1,0 +1,43 @@
+"""A deterministic toy tokenizer and chat template, so token counts and prefix reuse mean something.
+
+One token per whitespace-separated chunk (with the whitespace before it), its id a stable hash.
+Messages are encoded one by one and concatenated, so a session's next prompt starts with exactly
+the tokens of its last prompt and reply: the prefix cache sees the reuse a real server would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from terminus_env.serving.client import message_text
+
+VOCAB_SIZE = 151_000
+IM_START = 1
+IM_END = 2
+_FIRST_ORDINARY_ID = 16
+_PIECE = re.compile(r"\s*\S+")
+
+
+def pieces(text: str) -> list[str]:
+    """The text cut into token-sized pieces; ``"".join(pieces(t))`` is ``t`` minus trailing space."""
+    return _PIECE.findall(text)
+
+
+def token_id(piece: str) -> int:
+    digest = hashlib.blake2b(piece.strip().encode(), digest_size=8).digest()
+    return _FIRST_ORDINARY_ID + int.from_bytes(digest, "little") % (VOCAB_SIZE - _FIRST_ORDINARY_ID)
+
+
+def encode(text: str) -> list[int]:
+    return [token_id(piece) for piece in pieces(text)]
+
+
+def encode_chat(messages: list[dict]) -> list[int]:
+    """The prompt for ``messages``, ending with the assistant's turn opener (the generation prompt)."""
+    ids: list[int] = []
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError("each message must be an object with a 'role'")
+        ids += [IM_START, token_id(str(message["role"]))] + encode(message_text(message)) + [IM_END]
+    return ids + [IM_START, token_id("assistant")]

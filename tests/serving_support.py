@@ -1,0 +1,74 @@
+"""Helpers for the serving tests: simulated vLLM servers as real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+_LISTENING = re.compile(r"on (http://127\.0\.0\.1:\d+)")
+
+
+class SimProcesses:
+    """Starts ``python -m terminus_env.serving.sim serve`` processes and kills every one in ``close``."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *args: str, port: int = 0) -> tuple[subprocess.Popen, str]:
+        cmd = [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", str(port), *args]
+        log = open(self._log_dir / f"sim-{len(self.procs)}.log", "w")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.procs.append(proc)
+        line = proc.stdout.readline()  # the server prints its URL once it listens
+        match = _LISTENING.search(line)
+        if match is None:
+            raise RuntimeError(f"sim server did not start: {line!r}; see {log.name}")
+        return proc, match.group(1)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def wait_healthy(url: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not become healthy in {timeout_s}s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,174 @@
+"""The simulated vLLM server over real HTTP, through the replica client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import httpx
+import pytest
+
+from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ServingError
+from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.replies import DEFAULT_REPLY, ScriptedReplies, load_reply_source
+from terminus_env.serving.sim.server import ServerConfig, SimServer
+from terminus_env.serving.sim.tokenizer import IM_END
+
+FAST = ServerConfig(model="m", time_scale=0.0)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+def test_turns_share_their_prefix_and_carry_token_ids():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            messages = [{"role": "system", "content": "You drive a terminal. " * 10},
+                        {"role": "user", "content": "Task: list the files."}]
+            first = await client.chat("m", messages, max_tokens=1000)
+            messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "ok, go on"}]
+            second = await client.chat("m", messages, max_tokens=1000)
+            engines = await client.metrics()
+            return first, second, engines
+
+    first, second, engines = run(main())
+    assert first.text == DEFAULT_REPLY and first.finish_reason == "stop"
+    assert first.token_ids[-1] == IM_END and len(first.token_ids) == first.completion_tokens
+    assert len(first.prompt_token_ids) == first.prompt_tokens
+    assert len(first.logprobs) == first.completion_tokens and all(lp <= 0 for lp in first.logprobs)
+    # The second prompt starts with the first prompt and the first reply, token for token.
+    assert second.prompt_token_ids[: first.prompt_tokens + first.completion_tokens] == (
+        first.prompt_token_ids + first.token_ids)
+    m = engines["0"]
+    assert m.prompt_tokens_total == first.prompt_tokens + second.prompt_tokens
+    assert m.generation_tokens_total == first.completion_tokens + second.completion_tokens
+    assert m.prefix_cache_queries_total == m.prompt_tokens_total
+    assert m.prefix_cache_hits_total >= (first.prompt_tokens // 16) * 16 > 0  # turn 1's full blocks hit
+    assert (m.block_size, m.num_gpu_blocks, m.num_requests_running) == (16, 4096, 0)
+
+
+def test_max_tokens_cuts_with_finish_reason_length():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            return await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=4)
+
+    c = run(main())
+    assert (c.finish_reason, c.completion_tokens, len(c.token_ids)) == ("length", 4, 4)
+    assert DEFAULT_REPLY.startswith(c.text) and c.text
+
+
+def test_context_length_errors_match_vllm():
+    config = ServerConfig(model="m", time_scale=0.0, engine=SimConfig(num_gpu_blocks=64, max_model_len=100))
+
+    async def main():
+        async with SimServer(config) as server, ReplicaClient(server.url) as client:
+            errors = []
+            for content, max_tokens in (("word " * 200, 10), ("word " * 50, 60)):
+                with pytest.raises(ContextLengthExceeded) as info:
+                    await client.chat("m", [{"role": "user", "content": content}], max_tokens=max_tokens)
+                errors.append(str(info.value))
+            raw = await client._http.post("/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 1})
+            return errors, raw
+
+    (too_long, too_many), raw = run(main())
+    assert too_long.startswith("This model's maximum context length is 100 tokens. However, your request has 205")
+    assert too_many.startswith("'max_tokens' or 'max_completion_tokens' is too large: 60.")
+    assert raw.status_code == 400
+    assert raw.json()["error"]["type"] == "BadRequestError" and raw.json()["error"]["code"] == 400
+
+
+def test_bad_requests_are_clear_errors():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            with pytest.raises(ServingError, match="does not exist"):
+                await client.chat("other-model", [{"role": "user", "content": "hi"}], max_tokens=4)
+            with pytest.raises(ServingError, match="messages"):
+                await client.chat("m", [], max_tokens=4)
+            with pytest.raises(ServingError, match="max_tokens must be at least 1"):
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=0)
+            not_json = await client._http.post("/v1/chat/completions", content=b"{nope")
+            missing = await client._http.get("/v2/none")
+            models = (await client._http.get("/v1/models")).json()
+            return not_json.status_code, missing.status_code, models, await client.health()
+
+    not_json, missing, models, healthy = run(main())
+    assert (not_json, missing, healthy) == (400, 404, True)
+    assert models["data"][0]["id"] == "m" and models["data"][0]["max_model_len"] == 32768
+
+
+def test_engines_share_a_port_and_a_rank_header_pins_one():
+    config = ServerConfig(model="m", engines=2, time_scale=0.0)
+
+    async def main():
+        async with SimServer(config) as server, ReplicaClient(server.url) as client:
+            for _ in range(3):
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=8,
+                                  headers={"X-data-parallel-rank": "1"})
+            text = (await client._http.get("/metrics")).text
+            return await client.metrics(), text
+
+    engines, text = run(main())
+    assert sorted(engines) == ["0", "1"]
+    assert engines["1"].generation_tokens_total == 24 and engines["0"].generation_tokens_total == 0
+    assert 'vllm:e2e_request_latency_seconds_count{engine="1",model_name="m"} 3.0' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.001",model_name="m"}' in text
+    assert 'vllm:request_queue_time_seconds_created{engine="1",model_name="m"}' in text
+
+
+def test_scripted_replies_cycle_and_key(tmp_path):
+    script = tmp_path / "replies.jsonl"
+    script.write_text("\n".join(json.dumps(x) for x in (
+        {"reply": "one"}, {"reply": "two"},
+        {"match": "fix the bug", "replies": ["first turn", "second turn"]},
+    )))
+    source = ScriptedReplies.from_file(script)
+    task = [{"role": "user", "content": "please fix the bug"}]
+    assert source(task) == "first turn"
+    assert source(task + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]) == "second turn"
+    other = [{"role": "user", "content": "hello"}]
+    assert [source(other) for _ in range(3)] == ["one", "two", "one"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        ScriptedReplies.from_file(tmp_path / "bad.jsonl")
+
+
+def test_reply_source_hook():
+    source = load_reply_source("json:dumps")
+    assert source([{"role": "user", "content": "hi"}]) == '[{"role": "user", "content": "hi"}]'
+    with pytest.raises(ValueError, match="module:callable"):
+        load_reply_source("json.dumps")
+    with pytest.raises(ValueError, match="cannot import"):
+        load_reply_source("json:nope")
+
+
+def test_a_failing_reply_source_is_a_5xx():
+    def broken(messages):
+        raise RuntimeError("oracle crashed")
+
+    async def main():
+        async with SimServer(FAST, replies=broken) as server, ReplicaClient(server.url) as client:
+            return await client._http.post("/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+
+    response = run(main())
+    assert response.status_code == 500 and "oracle crashed" in response.json()["error"]["message"]
+
+
+def test_process_serves_and_stops_cleanly_on_sigterm(tmp_path):
+    from serving_support import SimProcesses
+
+    procs = SimProcesses(tmp_path)
+    try:
+        proc, url = procs.start("--model", "m", "--engines", "2", "--num-gpu-blocks", "128", "--max-model-len", "512",
+                                "--time-scale", "0")
+        reply = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, timeout=10).json()
+        assert reply["choices"][0]["finish_reason"] == "length"
+        assert 'num_gpu_blocks="128"' in httpx.get(f"{url}/metrics", timeout=10).text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        procs.close()
