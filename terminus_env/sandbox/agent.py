@@ -1,0 +1,298 @@
+"""The control agent that runs INSIDE a sandbox container (stdlib only, Python >= 3.6).
+
+The host starts it once per container with one long-lived ``docker exec`` and talks to it
+over the exec's stdin/stdout: one JSON object per line each way, matched by ``id``. Every
+tmux operation and one-shot command then costs a round trip on that channel (a few ms)
+instead of a new ``docker exec`` (about 75 ms). Each request runs in its own thread, so a
+long ``exec`` or a terminal wait does not hold up other requests.
+
+When its stdin closes, the owner process is gone (even after SIGKILL the kernel closes its
+socket), so the agent stops the container's main process and the container removes itself.
+
+This file is sent as ``python3 -c <source>``; it must not import anything from terminus_env.
+"""
+
+import base64
+import fcntl
+import grp
+import json
+import os
+import pwd
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+FIONREAD = 0x541B
+TIOCOUTQ = 0x5411
+POLL_S = 0.005
+
+
+def credentials(user):
+    """(uid, gid, groups, home, name) for 'name', 'uid', 'name:group' or 'uid:gid'; None for the agent's own."""
+    if not user:
+        return None
+    name, _, group = user.partition(":")
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except KeyError:
+        if not name.isdigit():
+            raise ValueError("no user %r in the container" % name)
+        entry = None
+    uid = entry.pw_uid if entry else int(name)
+    if group:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    else:
+        gid = entry.pw_gid if entry else uid
+    groups = os.getgrouplist(entry.pw_name, gid) if entry else [gid]
+    home = entry.pw_dir if entry else "/"
+    return uid, gid, groups, home, entry.pw_name if entry else str(uid)
+
+
+def spawn_options(user, env):
+    """Environment and pre-exec hook that run a child as ``user``."""
+    env = dict(os.environ, **(env or {}))
+    creds = credentials(user)
+    if creds is None:
+        return env, None
+    uid, gid, groups, home, name = creds
+    env.update(HOME=home, USER=name, LOGNAME=name)
+
+    def demote():
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return env, demote
+
+
+class CappedBuffer:
+    """Keeps the first and last ``limit // 2`` bytes of a stream and counts what falls between."""
+
+    def __init__(self, limit):
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.omitted = 0
+
+    def add(self, data):
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        extra = len(self.tail) - self.half
+        if extra > 0:
+            del self.tail[:extra]
+            self.omitted += extra
+
+
+def descendants(root):
+    """Pids of every process below ``root``, found through /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc):
+    pids = descendants(proc.pid)
+    for target in [proc.pid] + pids:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def op_exec(req):
+    env, demote = spawn_options(req.get("user"), req.get("env"))
+    buffer = CappedBuffer(int(req.get("max_output", 1000000)))
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", "-c", req["cmd"]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=req.get("workdir") or None, env=env, preexec_fn=demote, start_new_session=True,
+    )
+
+    def pump():
+        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b""):
+            buffer.add(chunk)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=float(req["timeout"]))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc)
+        proc.wait()
+    # Background children may hold the pipe open; stop reading shortly after bash is done.
+    reader.join(timeout=1.0)
+    code = proc.returncode
+    return {
+        "exit_code": 124 if timed_out else (128 - code if code < 0 else code),
+        "timed_out": timed_out,
+        "head": buffer.head.decode("utf-8", "replace"),
+        "tail": buffer.tail.decode("utf-8", "replace"),
+        "omitted": buffer.omitted,
+        "duration_s": time.monotonic() - start,
+    }
+
+
+def run_tmux(argv, user):
+    env, demote = spawn_options(user, None)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=demote
+    )
+    out, err = proc.communicate()
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def op_tmux(req):
+    code, out, err = run_tmux(req["argv"], req.get("user"))
+    return {"rc": code, "out": out, "err": err}
+
+
+class Shell:
+    """What /proc and the pty say about the shell in the tmux pane."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.tty = os.open(os.readlink("/proc/%d/fd/0" % pid), os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+
+    def close(self):
+        os.close(self.tty)
+
+    def switches(self):
+        total = 0
+        with open("/proc/%d/status" % self.pid) as handle:
+            for line in handle:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+        return total
+
+    def queued(self, request):
+        return struct.unpack("i", fcntl.ioctl(self.tty, request, b"\0\0\0\0"))[0]
+
+    def idle(self, before):
+        """At its prompt: asleep, owning the terminal, has run since the keys were sent, no bytes in flight."""
+        with open("/proc/%d/stat" % self.pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        state, pgrp, tpgid = fields[0], int(fields[2]), int(fields[5])
+        if state != "S" or tpgid != pgrp:
+            return False
+        if before is not None and self.switches() == before:
+            return False
+        if self.queued(FIONREAD) or self.queued(TIOCOUTQ):
+            return False
+        return not self.group_busy(pgrp)
+
+    def group_busy(self, pgrp):
+        """A process in the shell's own group means a command substitution or similar is still running."""
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != self.pid:
+                try:
+                    with open("/proc/%s/stat" % entry) as handle:
+                        if int(handle.read().rsplit(")", 1)[1].split()[2]) == pgrp:
+                            return True
+                except (OSError, IndexError, ValueError):
+                    continue
+        return False
+
+
+def op_send(req):
+    """Run the tmux calls that type the keys, then wait until the shell is idle or the time is up."""
+    try:
+        shell = Shell(int(req["pane_pid"]))
+    except OSError:
+        return {"gone": True}
+    try:
+        before = shell.switches() if req["calls"] else None
+        for argv in req["calls"]:
+            code, _, err = run_tmux(argv, req.get("user"))
+            if code != 0:
+                return {"gone": not os.path.exists("/proc/%d" % shell.pid), "error": err.strip()}
+        start = time.monotonic()
+        timeout = float(req["timeout"])
+        stable = 0
+        while True:
+            stable = stable + 1 if shell.idle(before) else 0
+            waited = time.monotonic() - start
+            if stable >= 2 or waited >= timeout:
+                return {"waited": waited, "idle": stable >= 2}
+            time.sleep(min(POLL_S, max(timeout - waited, 0)))
+    except (OSError, ValueError):
+        return {"gone": True}
+    finally:
+        shell.close()
+
+
+def op_capture(req):
+    """New lines since the anchor line (absolute index: history size + cursor row at the last capture)."""
+    target = req["target"]
+    code, out, err = run_tmux(req["tmux"] + ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"],
+                              req.get("user"))
+    if code != 0:
+        return {"rc": code, "err": err}
+    history, cursor = (int(value) for value in out.split())
+    anchor = req.get("anchor")
+    start = max(anchor - history, -history) if anchor is not None else 0
+    code, out, err = run_tmux(req["tmux"] + ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"],
+                              req.get("user"))
+    return {"rc": code, "err": err, "text": out, "history": history, "cursor": cursor, "start": start}
+
+
+def op_read(req):
+    try:
+        with open(req["path"], "rb") as handle:
+            data = handle.read(int(req["max_bytes"]))
+    except FileNotFoundError:
+        return {"data": None}
+    return {"data": base64.b64encode(data).decode()}
+
+
+OPS = {"exec": op_exec, "tmux": op_tmux, "send": op_send, "capture": op_capture, "read": op_read, "ping": lambda req: {"pid": os.getpid()}}
+
+
+def main():
+    lock = threading.Lock()
+
+    def reply(message):
+        data = (json.dumps(message) + "\n").encode()
+        with lock:
+            while data:
+                data = data[os.write(1, data):]
+
+    def handle(req):
+        try:
+            result = OPS[req["op"]](req)
+            result.update(id=req["id"], ok=True)
+        except Exception as exc:  # every failure goes back to the host, never kills the agent
+            result = {"id": req.get("id"), "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        reply(result)
+
+    for line in sys.stdin.buffer:
+        threading.Thread(target=handle, args=(json.loads(line.decode()),), daemon=True).start()
+    if "--stop-container-on-eof" in sys.argv:
+        os.kill(1, signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Removing this process's containers when it exits: at interpreter exit and on SIGTERM.
+
+This is process-wide state by nature (one interpreter, one exit), so it lives in one registry.
+SIGINT needs no handler: Python turns it into KeyboardInterrupt, the interpreter unwinds and
+the atexit hook runs. SIGTERM normally kills Python without running atexit, so a handler is
+installed, but only where none is set (a user's or asyncio's handler is left alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+
+import docker
+from docker.errors import APIError, DockerException, NotFound
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self._live: dict[str, docker.DockerClient] = {}
+        self._lock = threading.Lock()
+        self._hooked = False
+        self._reaped = False
+
+    def add(self, container_id: str, client: docker.DockerClient) -> None:
+        with self._lock:
+            self._live[container_id] = client
+            if not self._hooked:
+                self._hooked = True
+                atexit.register(self.remove_all)
+                _install_sigterm(self._on_sigterm)
+
+    def discard(self, container_id: str) -> None:
+        with self._lock:
+            self._live.pop(container_id, None)
+
+    def claim_reap(self) -> bool:
+        """True exactly once per process: the first sandbox runs the reaper."""
+        with self._lock:
+            first, self._reaped = not self._reaped, True
+            return first
+
+    def remove_all(self) -> None:
+        with self._lock:
+            live, self._live = self._live, {}
+        for container_id, client in live.items():
+            remove_container(client, container_id)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.remove_all()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm(handler: signal.Handlers | object) -> None:
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, handler)  # type: ignore[arg-type]
+    except ValueError:  # not the main thread: rely on atexit
+        pass
+
+
+def remove_container(client: docker.DockerClient, container_id: str) -> bool:
+    """Force-remove a container; True if this call removed it. Gone already is fine."""
+    try:
+        client.api.remove_container(container_id, force=True)
+    except NotFound:
+        return False
+    except APIError as exc:
+        if exc.status_code == 409:  # auto-removal already in progress
+            return False
+        raise
+    except DockerException:
+        return False
+    return True
+
+
+REGISTRY = _Registry()

@@ -1,0 +1,21 @@
+"""Removing sandbox containers whose owner process is gone (SIGKILL included)."""
+
+from __future__ import annotations
+
+import docker
+
+from terminus_env.sandbox.cleanup import remove_container
+from terminus_env.sandbox.engine import connect
+from terminus_env.sandbox.owner import LABEL, Owner
+
+
+def reap(include_live_owners: bool = False, client: docker.DockerClient | None = None) -> int:
+    """Remove sandbox containers of dead owners (of every owner with ``include_live_owners``); returns the count."""
+    client = connect(client)
+    removed = 0
+    for summary in client.api.containers(all=True, filters={"label": LABEL}):
+        owner = Owner.from_labels(summary.get("Labels") or {})
+        exited = summary.get("State") in ("exited", "dead")
+        if include_live_owners or exited or owner is None or not owner.alive():
+            removed += remove_container(client, summary["Id"])
+    return removed

@@ -1,0 +1,150 @@
+"""The tmux terminal of a sandbox: typing keys, waiting only as long as a command runs, reading output.
+
+Every operation is one request on the sandbox's control channel; the wait for the shell to be
+idle runs inside the container (see agent.py), so it ends within milliseconds of the prompt
+coming back instead of after the full duration.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from terminus_env.sandbox.channel import Channel
+from terminus_env.sandbox.errors import SandboxError, TerminalGone
+from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES, cap_text
+
+WIDTH, HEIGHT = 160, 40
+HISTORY_LINES = 100_000
+MAX_WAIT_S = 60.0
+CHUNK_BYTES = 8_000  # tmux send-keys silently drops arguments much longer than 16 KB
+TMUX = ["tmux", "-L", "terminus", "-f", "/dev/null"]
+TARGET = "main"
+_NAMED_KEYS = (
+    "Enter|Escape|Tab|BTab|BSpace|Space|Up|Down|Left|Right|Home|End|IC|DC|Insert|Delete|"
+    "PageUp|PageDown|PgUp|PgDn|PPage|NPage|F1[0-2]|F[1-9]|KPEnter"
+)
+_KEY_NAME = re.compile(rf"(?:[CMS]-)*(?:{_NAMED_KEYS})|(?:[CMS]-)+[\x21-\x7e]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class TerminalOutput:
+    text: str
+    is_screen: bool  # True: no new output could be found (e.g. after `clear`), so this is the current screen
+    omitted_bytes: int
+
+
+class Terminal:
+    """A 160x40 tmux pane running ``bash --login``; create it with ``Terminal.start``."""
+
+    def __init__(self, channel: Channel, pane_pid: int, user: str | None) -> None:
+        self._channel = channel
+        self._pane_pid = pane_pid
+        self._user = user
+        self._anchor: tuple[int, str] | None = None  # (absolute line, its text) at the last capture
+
+    @classmethod
+    async def start(cls, channel: Channel, *, user: str | None, workdir: str | None) -> Terminal:
+        argv = [
+            *TMUX, "start-server", ";",
+            "set-option", "-g", "default-terminal", "xterm-256color", ";",
+            "set-option", "-g", "history-limit", str(HISTORY_LINES), ";",
+            "set-option", "-g", "status", "off", ";",
+            "new-session", "-d", "-s", TARGET, "-x", str(WIDTH), "-y", str(HEIGHT),
+            *(["-c", workdir] if workdir else []), "-P", "-F", "#{pane_pid}", "bash", "--login",
+        ]  # fmt: skip
+        reply = await channel.request("tmux", 30, argv=argv, user=user)
+        if reply["rc"] != 0:
+            raise SandboxError(f"cannot start tmux in the sandbox ({reply['err'].strip()}); the image needs tmux and bash")
+        terminal = cls(channel, int(reply["out"].strip()), user)
+        await terminal.send("", 10)  # wait for the login shell's first prompt
+        return terminal
+
+    async def send(self, keystrokes: str, duration: float) -> float:
+        """Type ``keystrokes``, then wait up to min(duration, 60) s, less if the shell is idle again. Returns seconds waited."""
+        timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
+        calls = [[*TMUX, "send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
+        started = time.monotonic()
+        reply = await self._request("send", timeout + 30, pane_pid=self._pane_pid, calls=calls, timeout=timeout)
+        if reply.get("error"):
+            raise SandboxError(f"tmux refused the keys ({reply['error']}); the terminal is unchanged")
+        return time.monotonic() - started
+
+    async def capture_new(self) -> TerminalOutput:
+        """Output since the last capture, or the current screen when none can be found."""
+        anchor_line = self._anchor[0] if self._anchor else None
+        reply = await self._request("capture", 30, tmux=TMUX, target=TARGET, anchor=anchor_line)
+        lines = reply["text"].rstrip("\n").split("\n")
+        history, cursor = reply["history"], reply["cursor"]
+        previous = self._anchor
+        self._anchor = (history + cursor, _line(lines, cursor - reply["start"]).rstrip())
+        if previous is None or not lines[0].startswith(previous[1]) or _blank_after(lines, previous[1]):
+            return await self._screen_output()
+        text, omitted = cap_text(_strip_trailing_blank("\n".join(lines)), OUTPUT_LIMIT_BYTES)
+        return TerminalOutput(text, False, omitted)
+
+    async def screen(self) -> str:
+        """The visible 160x40 screen now."""
+        reply = await self._request("tmux", 30, argv=[*TMUX, "capture-pane", "-p", "-t", TARGET])
+        return _strip_trailing_blank(reply["out"])
+
+    async def _screen_output(self) -> TerminalOutput:
+        text, omitted = cap_text(await self.screen(), OUTPUT_LIMIT_BYTES)
+        return TerminalOutput(text, True, omitted)
+
+    async def _request(self, op: str, wait_s: float, **fields: Any) -> dict[str, Any]:
+        reply = await self._channel.request(op, wait_s, user=self._user, **fields)
+        if reply.get("gone") or reply.get("rc", 0) != 0:
+            raise TerminalGone(
+                "the shell in the terminal exited (e.g. after `exit`) or its tmux server died; "
+                "close this sandbox and start a new one"
+            )
+        return reply
+
+
+def key_arguments(keystrokes: str) -> list[list[str]]:
+    """tmux send-keys arguments: an exact key name as that key; anything else typed literally, in chunks."""
+    if _KEY_NAME.fullmatch(keystrokes):
+        return [[keystrokes]]
+    text = _SURROGATE.sub("\ufffd", keystrokes)  # invalid UTF-8 arrives as lone surrogates
+    calls: list[list[str]] = []
+    for index, part in enumerate(text.split("\0")):
+        if index:
+            calls.append(["C-@"])  # the key that types NUL
+        calls.extend(["-l", "--", _escape_semicolon(chunk)] for chunk in _chunks(part, CHUNK_BYTES))
+    return calls
+
+
+def _escape_semicolon(chunk: str) -> str:
+    """tmux reads an argument ending in ';' as a command separator, and turns a final '\\;' into ';'."""
+    return chunk[:-1] + "\\;" if chunk.endswith(";") else chunk
+
+
+def _chunks(text: str, limit: int) -> list[str]:
+    chunks, current, size = [], [], 0
+    for char in text:
+        width = len(char.encode("utf-8"))
+        if size + width > limit:
+            chunks.append("".join(current))
+            current, size = [], 0
+        current.append(char)
+        size += width
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+def _line(lines: list[str], index: int) -> str:
+    return lines[index] if 0 <= index < len(lines) else ""
+
+
+def _blank_after(lines: list[str], anchor_text: str) -> bool:
+    """Nothing new: the only captured line is the unchanged anchor."""
+    return len([line for line in lines if line.strip()]) <= 1 and lines[0].rstrip() == anchor_text
+
+
+def _strip_trailing_blank(text: str) -> str:
+    return text.rstrip()
