@@ -116,6 +116,11 @@ class Sandbox:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def alive(self) -> bool:
+        """Not closed, and its control channel (hence its container) is still up."""
+        return not self._closed and not self._channel.closed
+
     async def __aenter__(self) -> Sandbox:
         return self
 

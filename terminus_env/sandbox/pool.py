@@ -1,0 +1,98 @@
+"""A warm pool: containers started ahead of time per spec, so a reset is a take, not a start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import docker
+
+from terminus_env.sandbox.errors import SandboxError
+from terminus_env.sandbox.sandbox import Sandbox
+from terminus_env.sandbox.spec import SandboxSpec
+
+
+class SandboxPool:
+    """Keeps ``warm_per_spec`` started sandboxes per spec; owns every sandbox it starts until released."""
+
+    def __init__(self, warm_per_spec: int = 1, *, client: docker.DockerClient | None = None) -> None:
+        if warm_per_spec < 0:
+            raise ValueError("warm_per_spec must be 0 or more")
+        self._warm_per_spec = warm_per_spec
+        self._client = client
+        self._warm: dict[SandboxSpec, list[Sandbox]] = {}
+        self._filling: dict[SandboxSpec, set[asyncio.Task[None]]] = {}
+        self._in_use: set[Sandbox] = set()
+        self._removals: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def acquire(self, spec: SandboxSpec) -> Sandbox:
+        """A ready sandbox (terminal started): a warm one if any, else a fresh start. Refills in the background.
+
+        A failed background start is not reported; the next cold start raises the same error.
+        """
+        if self._closed:
+            raise SandboxError("this SandboxPool is closed; create a new one")
+        sandbox = self._take_warm(spec)
+        self._refill(spec)
+        if sandbox is None:
+            sandbox = await Sandbox.start(spec, client=self._client)
+        self._in_use.add(sandbox)
+        return sandbox
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Hand a sandbox back; it is removed in the background."""
+        self._in_use.discard(sandbox)
+        task = asyncio.get_running_loop().create_task(sandbox.close())
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def aclose(self) -> None:
+        """Remove every sandbox this pool started (warm, in use, being removed); safe to call twice."""
+        self._closed = True
+        fills = [task for tasks in self._filling.values() for task in tasks]
+        await asyncio.gather(*fills, return_exceptions=True)
+        owned = [sandbox for warm in self._warm.values() for sandbox in warm] + list(self._in_use)
+        self._warm.clear()
+        self._in_use.clear()
+        await asyncio.gather(*(sandbox.close() for sandbox in owned), *self._removals, return_exceptions=True)
+
+    async def __aenter__(self) -> SandboxPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def warm_count(self, spec: SandboxSpec) -> int:
+        return len(self._warm.get(spec, []))
+
+    async def wait_warm(self) -> None:
+        """Wait until the background starts now running have finished (for benchmarks and tests)."""
+        await asyncio.gather(*(task for tasks in self._filling.values() for task in tasks), return_exceptions=True)
+
+    def _take_warm(self, spec: SandboxSpec) -> Sandbox | None:
+        warm = self._warm.get(spec, [])
+        while warm:
+            sandbox = warm.pop(0)
+            if sandbox.alive:
+                return sandbox
+            self._in_use.add(sandbox)
+            asyncio.get_running_loop().create_task(self.release(sandbox))
+        return None
+
+    def _refill(self, spec: SandboxSpec) -> None:
+        filling = self._filling.setdefault(spec, set())
+        missing = self._warm_per_spec - len(self._warm.get(spec, [])) - len(filling)
+        for _ in range(max(missing, 0)):
+            task = asyncio.get_running_loop().create_task(self._fill(spec))
+            filling.add(task)
+            task.add_done_callback(filling.discard)
+
+    async def _fill(self, spec: SandboxSpec) -> None:
+        try:
+            sandbox = await Sandbox.start(spec, client=self._client)
+        except SandboxError:
+            return
+        if self._closed:
+            await sandbox.close()
+        else:
+            self._warm.setdefault(spec, []).append(sandbox)
