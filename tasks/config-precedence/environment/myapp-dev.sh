@@ -1,0 +1,2 @@
+# developer convenience, remove before release
+export MYAPP_MODE=staging

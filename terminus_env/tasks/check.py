@@ -1,0 +1,193 @@
+"""`terminus-env tasks check` and `tasks list`: is every task in a suite valid?
+
+A task is valid when its oracle (solve.sh, then the verifier, in one container) earns 1 and
+doing nothing (a fresh container graded at once) earns 0 -- Terminal-Bench's two checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from terminus_env.tasks.grading import apply_oracle, grade
+from terminus_env.tasks.loader import load_task, task_dirs
+from terminus_env.tasks.task import Task, TaskError, task_image
+
+if TYPE_CHECKING:
+    from terminus_env.sandbox import Sandbox
+
+CHECKS = ("nop", "oracle")
+_EXPECTED = {"nop": 0.0, "oracle": 1.0}
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    task: str
+    check: str
+    """"nop", "oracle", or "load"/"image" when the task failed before either check could run."""
+    reward: float | None
+    passed: bool
+    duration_s: float
+    detail: str = ""
+
+
+def run_check(folder: Path, jobs: int = 4, names: list[str] | None = None) -> int:
+    """Check every task in `folder` (or only `names`), `jobs` tasks at once; 0 when all pass."""
+    if jobs < 1:
+        print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
+        return 2
+    try:
+        paths = _select(Path(folder), names)
+    except TaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    outcomes = asyncio.run(check_tasks(paths, jobs, _ProgressPrinter(2 * len(paths), sys.stdout)))
+    print_outcomes(outcomes, time.monotonic() - start, sys.stdout)
+    return 0 if outcomes and all(o.passed for o in outcomes) else 1
+
+
+def print_task_table(folder: Path) -> None:
+    """The suite at a glance: name, category, difficulty, agent timeout."""
+    rows = []
+    for path in task_dirs(Path(folder)):
+        try:
+            task = load_task(path)
+        except TaskError as exc:
+            rows.append((path.name, "BROKEN", "-", str(exc)))
+            continue
+        timeout = "-" if task.agent_timeout_s is None else f"{task.agent_timeout_s:g}s"
+        rows.append((task.name, task.category or "-", task.difficulty or "-", timeout))
+    _print_table(("name", "category", "difficulty", "agent timeout"), rows, sys.stdout)
+
+
+def _select(folder: Path, names: list[str] | None) -> list[Path]:
+    paths = task_dirs(folder)
+    if not names:
+        return paths
+    by_name = {p.name: p for p in paths}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise TaskError(f"{folder}: no task named {', '.join(missing)}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+async def check_tasks(
+    paths: list[Path], jobs: int, report: Callable[[CheckOutcome], None] = lambda _: None
+) -> list[CheckOutcome]:
+    """Both checks for each task; at most `jobs` tasks (image build included) in flight."""
+    semaphore = asyncio.Semaphore(jobs)
+
+    async def one(path: Path) -> list[CheckOutcome]:
+        async with semaphore:
+            outcomes = await check_task(path, report)
+        return outcomes
+
+    results = await asyncio.gather(*(one(p) for p in paths))
+    return [o for task_outcomes in results for o in task_outcomes]
+
+
+async def check_task(path: Path, report: Callable[[CheckOutcome], None]) -> list[CheckOutcome]:
+    """Load, build, then run the nop and oracle checks, each in its own container."""
+    start = time.monotonic()
+    try:
+        task = load_task(path)
+        image = await task_image(task)
+    except Exception as exc:  # a broken task or a failed build fails this task only
+        stage = "load" if isinstance(exc, TaskError) else "image"
+        outcome = CheckOutcome(path.name, stage, None, False, time.monotonic() - start, _one_line(exc))
+        report(outcome)
+        return [outcome]
+    outcomes = []
+    for check in CHECKS:
+        outcome = await run_one_check(task, image, check)
+        report(outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
+    """A fresh container; the oracle applied if `check` is "oracle"; then graded."""
+    from terminus_env.sandbox import Sandbox
+
+    start = time.monotonic()
+    sandbox = None
+    detail = ""
+    try:
+        sandbox = await Sandbox.start(task.sandbox_spec(image))
+        if check == "oracle":
+            detail = await _apply_oracle(sandbox, task)
+        result = await grade(sandbox, task)
+    except Exception as exc:  # the container or a copy failed: this check fails, the run goes on
+        return CheckOutcome(task.name, check, None, False, time.monotonic() - start, _one_line(exc))
+    finally:
+        if sandbox is not None:
+            await sandbox.close()
+    passed = result.reward == _EXPECTED[check]
+    if not passed:
+        detail = "; ".join(x for x in (detail, result.reason, _one_line(result.output[-300:])) if x)
+    return CheckOutcome(task.name, check, result.reward, passed, time.monotonic() - start, detail)
+
+
+async def _apply_oracle(sandbox: Sandbox, task: Task) -> str:
+    """Run solve.sh; return what to show if the reward then comes out wrong."""
+    result = await apply_oracle(sandbox, task)
+    if result.timed_out or result.exit_code != 0:
+        state = "timed out" if result.timed_out else f"exited {result.exit_code}"
+        return f"solve.sh {state}: {_one_line(result.output[-300:])}"
+    return ""
+
+
+class _ProgressPrinter:
+    """One line per finished check, numbered, so a long run shows where it is."""
+
+    def __init__(self, total: int, out: TextIO) -> None:
+        self.total, self.done, self.out = total, 0, out
+
+    def __call__(self, outcome: CheckOutcome) -> None:
+        self.done += 1
+        verdict = "ok  " if outcome.passed else "FAIL"
+        reward = "-" if outcome.reward is None else f"{outcome.reward:g}"
+        width = len(str(self.total))
+        line = f"[{self.done:>{width}}/{self.total}] {verdict} {outcome.check:<6} {outcome.task}  reward={reward}"
+        self.out.write(f"{line}  ({outcome.duration_s:.1f}s){'  ' + outcome.detail if not outcome.passed else ''}\n")
+        self.out.flush()
+
+
+def print_outcomes(outcomes: list[CheckOutcome], elapsed_s: float, out: TextIO) -> None:
+    """The end-of-run table: one row per task, both checks side by side."""
+    by_task: dict[str, dict[str, CheckOutcome]] = {}
+    for outcome in outcomes:
+        by_task.setdefault(outcome.task, {})[outcome.check] = outcome
+    rows = []
+    for name, checks in by_task.items():
+        cells = [_cell(checks.get(c), checks) for c in CHECKS]
+        problem = next((o.detail for o in checks.values() if not o.passed), "")
+        rows.append((name, *cells, "ok" if all(o.passed for o in checks.values()) else f"FAIL {problem}"[:120]))
+    out.write("\n")
+    _print_table(("task", "nop (want 0)", "oracle (want 1)", "result"), rows, out)
+    failed = sum(1 for row in rows if row[-1] != "ok")
+    out.write(f"\n{len(rows) - failed}/{len(rows)} tasks valid in {elapsed_s:.0f}s\n")
+
+
+def _cell(outcome: CheckOutcome | None, checks: dict[str, CheckOutcome]) -> str:
+    if outcome is None:
+        early = next(iter(checks.values()))
+        return f"{early.check} failed"
+    return "error" if outcome.reward is None else f"{outcome.reward:g}"
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        out.write("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+    out.flush()
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value).split())

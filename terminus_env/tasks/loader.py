@@ -1,0 +1,299 @@
+"""Read task folders (Harbor / Terminal-Bench 2 and Terminal-Bench 1) into `Task` records.
+
+Unknown fields are kept in `Task.metadata` so newer task files still load; fields we do
+use are validated here, so a broken task fails at load time with the file and field named.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from terminus_env.tasks.task import Task, TaskError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# Harbor's defaults (see the task-format reference).
+HARBOR_VERIFIER_TIMEOUT_S = 600.0
+HARBOR_BUILD_TIMEOUT_S = 600.0
+# Terminal-Bench 1's defaults.
+TB1_AGENT_TIMEOUT_S = 360.0
+TB1_TEST_TIMEOUT_S = 60.0
+
+_KNOWN_HARBOR = {
+    "": {"version", "schema_version", "task", "metadata", "verifier", "agent", "environment", "solution"},
+    "verifier": {"timeout_sec", "env", "user"},
+    "agent": {"timeout_sec", "user"},
+    "environment": {
+        "build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage",
+        "allow_internet", "env", "workdir",
+    },
+}
+_KNOWN_TB1 = {
+    "instruction", "descriptions", "difficulty", "category", "tags", "parser_name", "max_agent_timeout_sec",
+    "max_test_timeout_sec", "run_tests_in_same_shell", "author_email", "author_name",
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def shipped_tasks_dir() -> Path:
+    """The suite shipped at the repository root (`tasks/`), next to the editable-installed package."""
+    return Path(__file__).resolve().parent.parent.parent / "tasks"
+
+
+def is_task_dir(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "task.yaml").is_file()
+
+
+def task_dirs(folder: Path) -> list[Path]:
+    """The task folders directly inside `folder`, sorted by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskError(f"{folder}: not a folder of tasks")
+    return sorted((p for p in folder.iterdir() if p.is_dir() and is_task_dir(p)), key=lambda p: p.name)
+
+
+def load_tasks(folder: Path) -> list[Task]:
+    """Every task in `folder`, sorted by name; the first broken one raises `TaskError`."""
+    return [load_task(path) for path in task_dirs(folder)]
+
+
+def load_task(path: Path) -> Task:
+    """Load one task folder in whichever format it is written."""
+    path = Path(path).resolve()
+    if (path / "task.toml").is_file():
+        return _load_harbor(path)
+    if (path / "task.yaml").is_file():
+        return _load_tb1(path)
+    raise TaskError(f"{path}: no task.toml (Harbor) or task.yaml (Terminal-Bench 1) in this folder")
+
+
+def find_task(name_or_path: str | Path, search: list[Path] | None = None) -> Task:
+    """A task given by folder path, or by name inside the `search` folders (default: the shipped suite)."""
+    candidate = Path(name_or_path)
+    if candidate.is_dir():
+        return load_task(candidate)
+    folders = [shipped_tasks_dir()] if search is None else [Path(p) for p in search]
+    known: list[str] = []
+    for folder in folders:
+        if is_task_dir(folder / str(name_or_path)):
+            return load_task(folder / str(name_or_path))
+        if folder.is_dir():
+            known += [p.name for p in task_dirs(folder)]
+    hint = difflib.get_close_matches(str(name_or_path), known, n=3)
+    suggestion = f"; did you mean {', '.join(hint)}?" if hint else f"; known tasks: {', '.join(known) or 'none'}"
+    where = ", ".join(str(f) for f in folders)
+    raise TaskError(f"no task named {str(name_or_path)!r} in {where}{suggestion}")
+
+
+# --- Harbor / Terminal-Bench 2 -------------------------------------------------------------------
+
+
+def _load_harbor(path: Path) -> Task:
+    toml_file = path / "task.toml"
+    try:
+        config = tomllib.loads(toml_file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{toml_file}: TOML syntax error: {exc}") from exc
+    fields = _Fields(toml_file, config)
+    verifier, agent, environment = fields.table("verifier"), fields.table("agent"), fields.table("environment")
+
+    instruction_file = path / "instruction.md"
+    if not instruction_file.is_file():
+        raise TaskError(f"{instruction_file}: missing; every Harbor task needs instruction.md (the agent's task)")
+    tests_dir = path / "tests"
+    if not (tests_dir / "test.sh").is_file():
+        raise TaskError(f"{tests_dir / 'test.sh'}: missing; the verifier must be tests/test.sh")
+
+    docker_image = environment.string("docker_image")
+    build_context = path / "environment"
+    if docker_image is None and not (build_context / "Dockerfile").is_file():
+        compose = (build_context / "docker-compose.yaml").exists()
+        hint = " (docker-compose.yaml environments are not supported)" if compose else ""
+        raise TaskError(f"{build_context / 'Dockerfile'}: missing and [environment] docker_image unset{hint}")
+
+    solve = path / "solution" / "solve.sh"
+    metadata = dict(fields.table("metadata").raw)
+    if "task" in config:
+        metadata["task"] = fields.table("task").raw
+    unknown = _unknown_harbor_fields(config)
+    if unknown:
+        metadata["unknown_fields"] = unknown
+
+    return Task(
+        name=path.name,
+        instruction=instruction_file.read_text(encoding="utf-8"),
+        path=path,
+        source_format="harbor",
+        tests_dir=tests_dir,
+        verifier_script=tests_dir / "test.sh",
+        solution_path=solve if solve.is_file() else None,
+        build_context=build_context if (build_context / "Dockerfile").is_file() else None,
+        docker_image=docker_image,
+        agent_timeout_s=agent.seconds("timeout_sec", None),
+        verifier_timeout_s=verifier.seconds("timeout_sec", HARBOR_VERIFIER_TIMEOUT_S),
+        build_timeout_s=environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S),
+        cpus=environment.positive("cpus"),
+        memory_mb=environment.megabytes("memory_mb", legacy="memory"),
+        storage_mb=environment.megabytes("storage_mb", legacy="storage"),
+        allow_internet=environment.boolean("allow_internet", True),
+        env=environment.string_map("env"),
+        workdir=environment.string("workdir"),
+        agent_user=agent.string("user"),
+        verifier_env=verifier.string_map("env"),
+        verifier_user=verifier.string("user"),
+        metadata=metadata,
+        notes=() if solve.is_file() else (f"{solve} missing: the oracle cannot run",),
+    )
+
+
+def _unknown_harbor_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = {key: value for key, value in config.items() if key not in _KNOWN_HARBOR[""]}
+    for section, known in _KNOWN_HARBOR.items():
+        table = config.get(section) if section else None
+        if isinstance(table, Mapping):
+            unknown.update({f"{section}.{k}": v for k, v in table.items() if k not in known})
+    return unknown
+
+
+# --- Terminal-Bench 1 ----------------------------------------------------------------------------
+
+
+def _load_tb1(path: Path) -> Task:
+    yaml_file = path / "task.yaml"
+    try:
+        config = yaml.safe_load(yaml_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{yaml_file}: YAML syntax error: {exc}") from exc
+    fields = _Fields(yaml_file, config if config is not None else {})
+
+    instruction = fields.string("instruction") or _tb1_base_description(fields)
+    if not instruction:
+        raise TaskError(f"{yaml_file}: field 'instruction' is missing or empty")
+    parser = fields.string("parser_name") or "pytest"
+    if parser != "pytest":
+        raise TaskError(f"{yaml_file}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
+    if not (path / "Dockerfile").is_file():
+        raise TaskError(f"{path / 'Dockerfile'}: missing; Terminal-Bench 1 tasks build from a Dockerfile at the top")
+    run_tests = path / "run-tests.sh"
+    if not run_tests.is_file():
+        raise TaskError(f"{run_tests}: missing; it is the Terminal-Bench 1 verifier")
+
+    notes: list[str] = []
+    solution = path / "solution.sh"
+    if not solution.is_file():
+        if (path / "solution.yaml").is_file():
+            notes.append(f"{path / 'solution.yaml'}: command-list solutions are not supported; the oracle cannot run")
+        else:
+            notes.append(f"{solution} missing: the oracle cannot run")
+    if fields.boolean("run_tests_in_same_shell", False):
+        notes.append("run_tests_in_same_shell is ignored: tests always run in a fresh one-shot shell")
+
+    metadata = {k: v for k, v in fields.raw.items() if k not in {"instruction", "descriptions"}}
+    unknown = {k: v for k, v in fields.raw.items() if k not in _KNOWN_TB1}
+    if unknown:
+        metadata["unknown_fields"] = unknown
+    return Task(
+        name=path.name,
+        instruction=instruction,
+        path=path,
+        source_format="terminal-bench-1",
+        tests_dir=path / "tests",
+        verifier_script=run_tests,
+        solution_path=solution if solution.is_file() else None,
+        build_context=path,
+        agent_timeout_s=fields.seconds("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S),
+        verifier_timeout_s=fields.seconds("max_test_timeout_sec", TB1_TEST_TIMEOUT_S),
+        build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
+        verifier_env={"TEST_DIR": "/tests"},
+        metadata=metadata,
+        notes=tuple(notes),
+    )
+
+
+def _tb1_base_description(fields: _Fields) -> str | None:
+    """Older Terminal-Bench 1 tasks hold the instruction in `descriptions`, under key `base`."""
+    for entry in fields.raw.get("descriptions") or []:
+        if isinstance(entry, Mapping) and entry.get("key") == "base" and isinstance(entry.get("description"), str):
+            return entry["description"]
+    return None
+
+
+# --- typed field access --------------------------------------------------------------------------
+
+
+class _Fields:
+    """A table from a task file, read field by field with errors naming the file and field."""
+
+    def __init__(self, file: Path, raw: Any, prefix: str = "") -> None:
+        if not isinstance(raw, Mapping):
+            raise TaskError(f"{file}: {prefix or 'the file'} must be a table of fields, not {type(raw).__name__}")
+        self.file, self.raw, self.prefix = file, raw, prefix
+
+    def _error(self, key: str, problem: str) -> TaskError:
+        return TaskError(f"{self.file}: field '{self.prefix}{key}' {problem}")
+
+    def table(self, key: str) -> _Fields:
+        value = self.raw.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self._error(key, f"must be a table, not {type(value).__name__}")
+        return _Fields(self.file, value, f"{self.prefix}{key}.")
+
+    def string(self, key: str) -> str | None:
+        value = self.raw.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self._error(key, f"must be a string, not {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise self._error(key, f"must be true or false, not {value!r}")
+        return value
+
+    def positive(self, key: str) -> float | None:
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self._error(key, f"must be a positive number, not {value!r}")
+        return float(value)
+
+    def seconds(self, key: str, default: float | None) -> float | None:
+        value = self.positive(key)
+        return default if value is None else value
+
+    def megabytes(self, key: str, legacy: str) -> int | None:
+        value = self.positive(key)
+        if value is not None:
+            return int(value)
+        size = self.raw.get(legacy)
+        if size is None:
+            return None
+        match = _SIZE.match(size) if isinstance(size, str) else None
+        if match is None or not match.group(2) or float(match.group(1)) <= 0:
+            raise self._error(legacy, f"must be a size with a unit, like \"2G\" or \"512M\", not {size!r}")
+        return max(1, round(float(match.group(1)) * _MB_PER_UNIT[match.group(2).lower()]))
+
+    def string_map(self, key: str) -> dict[str, str]:
+        table = self.raw.get(key, {})
+        if not isinstance(table, Mapping):
+            raise self._error(key, "must be a table of NAME = \"value\" strings")
+        result = {}
+        for name, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise self._error(f"{key}.{name}", f"must be a string, not {value!r}")
+            result[str(name)] = str(value)
+        return result
+

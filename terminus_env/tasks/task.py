@@ -1,0 +1,106 @@
+"""The `Task` record: everything needed to build, run and grade one terminal task.
+
+A `Task` is format-neutral; `loader` turns Harbor and Terminal-Bench 1 folders into it,
+and `grading` and the environment read only this record, never the files' formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from terminus_env.sandbox import SandboxSpec
+
+SourceFormat = Literal["harbor", "terminal-bench-1"]
+
+# Harbor sets no agent limit by default; a sandbox still needs one to reclaim containers.
+UNBOUNDED_AGENT_TIMEOUT_S = 4 * 3600.0
+_LIFETIME_MARGIN_S = 600.0
+
+
+class TaskError(ValueError):
+    """A task folder cannot be used as written; the message names the file and the field to fix."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task, read from disk. Paths are absolute; timeouts are seconds."""
+
+    name: str
+    instruction: str
+    path: Path
+    source_format: SourceFormat
+    tests_dir: Path
+    verifier_script: Path
+    """Run as the verifier: Harbor's ``tests/test.sh`` or Terminal-Bench 1's ``run-tests.sh``."""
+    solution_path: Path | None
+    """Harbor's ``solution/solve.sh`` (its folder is copied whole) or Terminal-Bench 1's ``solution.sh``."""
+    build_context: Path | None
+    docker_image: str | None = None
+    agent_timeout_s: float | None = None
+    verifier_timeout_s: float = 600.0
+    build_timeout_s: float = 600.0
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    allow_internet: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    agent_user: str | None = None
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    verifier_user: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    """What the loader could not honour (e.g. a solution.yaml), for the user to read."""
+
+    @property
+    def difficulty(self) -> str | None:
+        value = self.metadata.get("difficulty")
+        return None if value is None else str(value)
+
+    @property
+    def category(self) -> str | None:
+        value = self.metadata.get("category")
+        return None if value is None else str(value)
+
+    @property
+    def agent_time_limit_s(self) -> float:
+        """The agent's limit, with a finite stand-in when the task sets none."""
+        return self.agent_timeout_s if self.agent_timeout_s is not None else UNBOUNDED_AGENT_TIMEOUT_S
+
+    def sandbox_spec(self, image: str) -> SandboxSpec:
+        """The container this task's episodes run in, built from `image` (see `task_image`)."""
+        from terminus_env.sandbox import SandboxSpec
+
+        lifetime = self.build_timeout_s + self.agent_time_limit_s + self.verifier_timeout_s + _LIFETIME_MARGIN_S
+        return SandboxSpec(
+            image=image,
+            cpus=self.cpus,
+            memory_mb=self.memory_mb,
+            allow_internet=self.allow_internet,
+            env=dict(self.env),
+            workdir=self.workdir,
+            lifetime_s=max(lifetime, 4 * 3600.0),
+        )
+
+
+def image_name(task: Task) -> str:
+    """A Docker repository name for the task's built image (lowercase, no odd characters)."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-._") or "task"
+    return f"terminus-env/task-{slug}"
+
+
+async def task_image(task: Task) -> str:
+    """The image tag to start this task from: its prebuilt image, or its build context built (or reused)."""
+    if task.docker_image is not None:
+        return task.docker_image
+    if task.build_context is None:
+        raise TaskError(f"{task.path}: task has neither a build context nor [environment] docker_image")
+    from terminus_env.sandbox import ensure_image
+
+    return await asyncio.to_thread(ensure_image, task.build_context, image_name(task), task.build_timeout_s)
