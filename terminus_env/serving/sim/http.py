@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_HANGUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,10 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             if request is None:
                 return
             keep_alive = request.headers.get("connection", "").lower() != "close"
-            writer.write(encode_response(await handler(request), keep_alive))
+            response = await _unless_client_leaves(reader, handler(request))
+            if response is None:
+                return
+            writer.write(encode_response(response, keep_alive))
             await writer.drain()
             if not keep_alive:
                 return
@@ -96,3 +100,19 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         return
     finally:
         writer.close()
+
+
+async def _unless_client_leaves(reader: asyncio.StreamReader, answer: Awaitable[Response]) -> Response | None:
+    """The handler's response, or None after cancelling it because the client hung up (as vLLM aborts)."""
+    task = asyncio.ensure_future(answer)
+    try:
+        while True:
+            await asyncio.wait({task}, timeout=_HANGUP_POLL_S)
+            if task.done():
+                return task.result()
+            if reader.at_eof() or reader.exception() is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+    finally:
+        task.cancel()

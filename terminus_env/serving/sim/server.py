@@ -143,6 +143,8 @@ class SimServer:
         self._connections.add(task)
         try:
             await serve_connection(reader, writer, self._route)
+        except asyncio.CancelledError:
+            pass  # the server is closing; ending quietly keeps asyncio from logging each connection
         finally:
             self._connections.discard(task)
 

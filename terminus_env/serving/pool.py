@@ -1,0 +1,226 @@
+"""ServingPool: the rollout runner's one door to N vLLM replicas.
+
+It keeps each session on one replica (its prefix cache lives there), places new sessions on the
+least-loaded replica (the :class:`Router`'s policy), caps live sessions through an optional
+admission controller, and survives replicas dying: a request that fails for want of a replica is
+retried on another, the dead one is probed on ``/health`` and takes new sessions when it is back.
+A background task scrapes every replica's ``/metrics`` to keep the router and admission current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from terminus_env.serving.admission import Admission
+from terminus_env.serving.client import (
+    Completion,
+    ContextLengthExceeded,
+    ReplicaClient,
+    ReplicaUnavailable,
+    ServingError,
+    message_text,
+)
+from terminus_env.serving.metrics import EngineMetrics, combine
+from terminus_env.serving.router import NoReplicaAvailable, Router
+
+__all__ = ["Completion", "ContextLengthExceeded", "ReplicaUnavailable", "ServingError", "ServingPool"]
+
+log = logging.getLogger(__name__)
+_CHARS_PER_TOKEN = 4  # a rough prompt-size estimate until the server's count comes back
+
+
+@dataclass
+class _SessionState:
+    trace_tokens: int = 0  # prompt + completion tokens of the last turn
+    messages_seen: int = 0
+
+
+class ServingPool:
+    """Sticky, least-loaded, admission-capped, failover-safe chat over vLLM replicas.
+
+    ``async with ServingPool(urls, model) as pool:`` then, per rollout, ``async with
+    pool.session(rollout_id, group_id):`` and ``await pool.chat(rollout_id, messages, max_tokens=...)``.
+    A replica is named by its base URL (``Completion.replica``).
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        model: str,
+        *,
+        policy: str = "available_kv",
+        admission: Admission | None = None,
+        group_affinity: bool = True,
+        scrape_interval_s: float = 1.0,
+        failover_timeout_s: float = 300.0,
+        request_timeout_s: float = 3600.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if not base_urls:
+            raise ValueError("base_urls is empty: give the pool at least one vLLM server URL")
+        if scrape_interval_s <= 0:
+            raise ValueError(f"scrape_interval_s must be positive, got {scrape_interval_s}")
+        self.model = model
+        self.admission = admission
+        self.scrape_interval_s = scrape_interval_s
+        self.failover_timeout_s = failover_timeout_s
+        self._clients = {}
+        for url in base_urls:
+            client = ReplicaClient(url, timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s)
+            if client.base_url in self._clients:
+                raise ValueError(f"replica {client.base_url} is listed twice")
+            self._clients[client.base_url] = client
+        self.router = Router(list(self._clients), policy, group_affinity=group_affinity,
+                             metrics_max_age_s=max(5.0, 3 * scrape_interval_s))
+        self._down: set[str] = set()
+        self._metrics: dict[str, EngineMetrics] = {}
+        self._sessions: dict[str, _SessionState] = {}
+        self._scraper: asyncio.Task | None = None
+        self.failovers = 0  # requests retried on another replica
+
+    @property
+    def replicas(self) -> list[str]:
+        return list(self._clients)
+
+    def is_up(self, replica: str) -> bool:
+        return replica in self._clients and replica not in self._down
+
+    def latest_metrics(self) -> dict[str, EngineMetrics]:
+        """The last scrape of each replica that is up (its engines combined)."""
+        return {name: m for name, m in self._metrics.items() if name not in self._down}
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Scrape every replica once (so placement starts informed), then keep scraping in the background."""
+        if self._scraper is not None:
+            return
+        await self._scrape_all()
+        self._scraper = asyncio.create_task(self._scrape_forever(), name="serving-pool-scraper")
+
+    async def aclose(self) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scraper
+            self._scraper = None
+        await asyncio.gather(*(client.aclose() for client in self._clients.values()))
+
+    async def __aenter__(self) -> ServingPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- sessions and requests -----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session(self, session_id: str, group_id: str | None = None) -> AsyncIterator[None]:
+        """One rollout's life: admission acquired on entry; admission and router released on exit."""
+        if self.admission is not None:
+            await self.admission.acquire(session_id, group_id)
+        try:
+            yield
+        finally:
+            state = self._sessions.pop(session_id, _SessionState())
+            if self.admission is not None:
+                self.admission.release(session_id, state.trace_tokens)
+            self.router.release(session_id)
+
+    async def chat(self, session_id: str, messages: list[dict], *, max_tokens: int, group_id: str | None = None,
+                   **sampling: Any) -> Completion:
+        """The session's next turn, on its replica; on a replica failure, the same turn elsewhere.
+
+        Raises :class:`ContextLengthExceeded` when the conversation no longer fits the model, and
+        :class:`ReplicaUnavailable` only when no replica has answered for ``failover_timeout_s``.
+        """
+        state = self._sessions.setdefault(session_id, _SessionState())
+        estimate = state.trace_tokens + _new_chars(messages, state.messages_seen) // _CHARS_PER_TOKEN
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.failover_timeout_s
+        last_error: Exception | None = None
+        while True:
+            replica = await self._route(session_id, group_id, deadline, last_error)
+            self.router.on_dispatch(replica, session_id, estimate)
+            try:
+                completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens,
+                                                               **sampling)
+            except ReplicaUnavailable as exc:
+                self.router.on_complete(replica, session_id, estimate, 0)
+                self._mark_down(replica, exc)
+                self.failovers += 1
+                last_error = exc
+                continue
+            except BaseException:
+                self.router.on_complete(replica, session_id, estimate, 0)
+                raise
+            break
+        self.router.on_complete(replica, session_id, completion.prompt_tokens, completion.completion_tokens)
+        state.trace_tokens = completion.prompt_tokens + completion.completion_tokens
+        state.messages_seen = len(messages)
+        if self.admission is not None:
+            self.admission.on_turn(session_id, state.trace_tokens)
+        return completion
+
+    async def _route(self, session_id: str, group_id: str | None, deadline: float,
+                     last_error: Exception | None) -> str:
+        """A replica for the session, waiting for the health probe while every replica is down."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return self.router.route(session_id, group_id)
+            except NoReplicaAvailable:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ReplicaUnavailable(
+                        f"no replica of {', '.join(self._clients)} answered for {self.failover_timeout_s:.0f}s "
+                        f"(last error: {last_error}); check the servers, then retry the rollout"
+                    ) from last_error
+                await asyncio.sleep(min(self.scrape_interval_s, remaining))
+
+    # -- scraping and health -------------------------------------------------------------------------
+
+    async def _scrape_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.scrape_interval_s)
+            await self._scrape_all()
+
+    async def _scrape_all(self) -> None:
+        await asyncio.gather(*(self._scrape(name) for name in self._clients))
+        if self.admission is not None:
+            self.admission.observe(self.latest_metrics())
+
+    async def _scrape(self, name: str) -> None:
+        client = self._clients[name]
+        if name in self._down:
+            if not await client.health():
+                return
+            log.info("replica %s answers /health again; it takes new sessions", name)
+            self._down.discard(name)
+            self.router.mark_up(name)
+        try:
+            engines = await client.metrics()
+        except ReplicaUnavailable as exc:
+            self._mark_down(name, exc)
+            return
+        except ServingError as exc:  # up, but /metrics unreadable: keep it, with stale numbers
+            log.warning("replica %s: %s", name, exc)
+            return
+        self._metrics[name] = combine(engines.values(), engine=name)
+        self.router.update_metrics(name, self._metrics[name])
+
+    def _mark_down(self, name: str, error: Exception) -> None:
+        if name not in self._down:
+            log.warning("replica %s is down (%s); its sessions move to other replicas", name, error)
+            self._down.add(name)
+            self.router.mark_down(name)
+
+
+def _new_chars(messages: list[dict], seen: int) -> int:
+    return sum(len(message_text(m)) for m in messages[seen:]) or 1
