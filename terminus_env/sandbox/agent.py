@@ -245,18 +245,28 @@ def op_send(req):
 
 
 def op_capture(req):
-    """New lines since the anchor line (absolute index: history size + cursor row at the last capture)."""
-    target = req["target"]
-    code, out, err = run_tmux(req["tmux"] + ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"],
-                              req.get("user"))
-    if code != 0:
-        return {"rc": code, "err": err}
-    history, cursor = (int(value) for value in out.split())
-    anchor = req.get("anchor")
-    start = max(anchor - history, -history) if anchor is not None else 0
-    code, out, err = run_tmux(req["tmux"] + ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"],
-                              req.get("user"))
-    return {"rc": code, "err": err, "text": out, "history": history, "cursor": cursor, "start": start}
+    """Lines from the anchor (absolute index: history size + cursor row at the last capture) to the screen's end.
+
+    The position and the lines are read in one tmux command list, which tmux runs without
+    reading the pane in between; when output moved the position since it was looked up, retry.
+    """
+    target, user = req["target"], req.get("user")
+    where = ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"]
+    code, out, err = run_tmux(req["tmux"] + where, user)
+    for _ in range(5):
+        if code != 0:
+            return {"rc": code, "err": err}
+        history, cursor = (int(value) for value in out.split()[:2])
+        anchor = req.get("anchor")
+        start = max(anchor - history, -history) if anchor is not None else 0
+        capture = ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"]
+        code, out, err = run_tmux(req["tmux"] + where + [";"] + capture + [";"] + where, user)
+        first, _, rest = out.partition("\n")
+        text, _, last = rest.rstrip("\n").rpartition("\n")
+        if code == 0 and first == last == "%d %d" % (history, cursor):
+            return {"rc": 0, "text": text, "history": history, "cursor": cursor, "start": start}
+        out = last
+    return {"rc": 0, "text": "", "history": history, "cursor": cursor, "start": start, "moving": True}
 
 
 def op_read(req):

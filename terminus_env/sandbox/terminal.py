@@ -77,11 +77,18 @@ class Terminal:
         """Output since the last capture, or the current screen when none can be found."""
         anchor_line = self._anchor[0] if self._anchor else None
         reply = await self._request("capture", 30, tmux=TMUX, target=TARGET, anchor=anchor_line)
+        if reply.get("moving"):  # output kept scrolling while we looked: show the screen, re-anchor next time
+            self._anchor = None
+            return await self._screen_output()
         lines = reply["text"].rstrip("\n").split("\n")
         history, cursor = reply["history"], reply["cursor"]
         previous = self._anchor
         self._anchor = (history + cursor, _line(lines, cursor - reply["start"]).rstrip())
-        if previous is None or not lines[0].startswith(previous[1]) or _blank_after(lines, previous[1]):
+        if previous is None or _blank_after(lines, previous[1]):
+            return await self._screen_output()
+        # A full history drops its oldest tenth, which shifts line numbers: when the anchor is not where
+        # it was, it scrolled out, so all that is left is new. Otherwise (e.g. after `clear`) show the screen.
+        if not lines[0].startswith(previous[1]) and history < HISTORY_LINES * 9 // 10:
             return await self._screen_output()
         text, omitted = cap_text(_strip_trailing_blank("\n".join(lines)), OUTPUT_LIMIT_BYTES)
         return TerminalOutput(text, False, omitted)

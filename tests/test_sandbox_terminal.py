@@ -1,0 +1,162 @@
+"""The tmux terminal: the early-ending wait, keys versus text, chunking, capping, clear, bad input, exit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from sandbox_support import SPEC, Runner, event_loop_runner, sandbox_on
+
+from terminus_env.sandbox import Sandbox, TerminalGone
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def run(docker_required: None) -> Iterator[Runner]:
+    yield from event_loop_runner()
+
+
+@pytest.fixture(scope="module")
+def sandbox(run: Runner) -> Iterator[Sandbox]:
+    yield from sandbox_on(run)
+
+
+def step(run: Runner, sandbox: Sandbox, keys: str, duration: float) -> tuple[float, str]:
+    waited = run(sandbox.terminal.send(keys, duration))
+    return waited, run(sandbox.terminal.capture_new()).text
+
+
+def test_short_command_returns_long_before_its_duration(run: Runner, sandbox: Sandbox) -> None:
+    waited, text = step(run, sandbox, "echo hi\n", 10)
+    assert waited < 2.0
+    assert "\nhi\n" in text
+
+
+def test_wait_ends_when_the_command_ends(run: Runner, sandbox: Sandbox) -> None:
+    waited, text = step(run, sandbox, "sleep 3; echo slept\n", 10)
+    assert 2.9 <= waited < 8
+    assert "\nslept\n" in text
+
+
+def test_long_command_keeps_running_after_the_duration(run: Runner, sandbox: Sandbox) -> None:
+    waited, _ = step(run, sandbox, "sleep 30\n", 1)
+    assert 0.95 <= waited < 5
+    still = run(sandbox.exec("pgrep -f 'slee[p] 30'", 5))
+    assert still.exit_code == 0, "sleep 30 should still be running in the terminal"
+    waited, text = step(run, sandbox, "C-c", 5)
+    assert waited < 3 and "^C" in text
+    assert run(sandbox.exec("pgrep -f 'slee[p] 30'", 5)).exit_code == 1
+
+
+def test_nested_script_and_command_substitution_count_as_running(run: Runner, sandbox: Sandbox) -> None:
+    run(sandbox.put_file(b"sleep 1.5\necho nested-done\n", "/tmp/nested.sh"))
+    waited, text = step(run, sandbox, "bash /tmp/nested.sh\n", 10)
+    assert 1.4 <= waited < 6 and "nested-done" in text
+    waited, text = step(run, sandbox, "x=$(sleep 1.5; echo sub); echo got-$x\n", 10)
+    assert 1.4 <= waited < 6 and "got-sub" in text
+
+
+def test_a_repl_waiting_for_input_is_a_foreground_job(run: Runner, sandbox: Sandbox) -> None:
+    waited, text = step(run, sandbox, "python3 -q\n", 1.5)
+    assert waited >= 1.45
+    waited, text = step(run, sandbox, "print(6 * 7)\n", 1.0)
+    assert "42" in text
+    waited, _ = step(run, sandbox, "exit()\n", 5)
+    assert waited < 3
+
+
+def test_key_names_are_keys_and_other_text_is_literal(run: Runner, sandbox: Sandbox) -> None:
+    step(run, sandbox, "-n", 0.5)  # would be an option to send-keys if not passed literally
+    waited, text = step(run, sandbox, "Enter", 5)
+    assert "-n: command not found" in text
+    _, text = step(run, sandbox, "echo a;echo b;\n", 5)
+    assert "\na\nb\n" in text
+    _, text = step(run, sandbox, "echo 'semi;'\n", 5)
+    assert "\nsemi;\n" in text
+    _, text = step(run, sandbox, "echo Enter C-c\n", 5)
+    assert "\nEnter C-c\n" in text
+    step(run, sandbox, "echo partial", 0.2)
+    _, text = step(run, sandbox, "C-u", 0.5)  # readline: erase the line typed so far
+    _, text = step(run, sandbox, "echo cleared-line\n", 5)
+    assert "partial" not in text.split("\n")[0] and "cleared-line" in text
+
+
+def test_input_over_16kb_arrives_whole(run: Runner, sandbox: Sandbox) -> None:
+    lines = [f"{i:05d} " + "x" * 73 for i in range(500)]  # 500 lines of 80 bytes: 40 KB in one send
+    keys = "cat > /tmp/big.txt <<'EOF'\n" + "\n".join(lines) + "\nEOF\n"
+    step(run, sandbox, keys, 30)
+    data = run(sandbox.read_file("/tmp/big.txt"))
+    assert data == ("\n".join(lines) + "\n").encode()
+
+
+def test_endless_output_is_capped_and_interruptible(run: Runner, sandbox: Sandbox) -> None:
+    assert run(sandbox.terminal.send("yes endless\n", 1.0)) >= 0.95
+    assert run(sandbox.terminal.send("C-c", 10)) < 5
+    output = run(sandbox.terminal.capture_new())
+    assert output.omitted_bytes > 0
+    assert len(output.text.encode()) < 10_300
+    assert f"{output.omitted_bytes} interior bytes omitted" in output.text
+    _, text = step(run, sandbox, "echo after-yes\n", 5)
+    assert "\nafter-yes\n" in text
+
+
+def test_clear_shows_the_screen(run: Runner, sandbox: Sandbox) -> None:
+    step(run, sandbox, "echo before-clear\n", 5)
+    run(sandbox.terminal.send("clear\n", 5))
+    output = run(sandbox.terminal.capture_new())
+    assert output.is_screen
+    assert "before-clear" not in output.text
+    assert output.text.strip().endswith("#")
+    screen = run(sandbox.terminal.screen())
+    assert len(screen.split("\n")) <= 40 and "before-clear" not in screen
+
+
+def test_nothing_new_gives_the_screen(run: Runner, sandbox: Sandbox) -> None:
+    run(sandbox.terminal.capture_new())
+    output = run(sandbox.terminal.capture_new())
+    assert output.is_screen
+
+
+@pytest.mark.parametrize(
+    "keys",
+    ["\x00echo nul\n", "echo bad\udcff\udc80bytes\n", "echo bell\x07\n", "\x1b[A\x1b[B", "\t\t", "C-", "M-"],
+    ids=["nul", "surrogates", "control-char", "escape-seq", "tabs", "bare-C-", "bare-M-"],
+)
+def test_bad_keystrokes_do_not_break_the_terminal(run: Runner, sandbox: Sandbox, keys: str) -> None:
+    step(run, sandbox, keys, 1)
+    step(run, sandbox, "C-c", 1)
+    _, text = step(run, sandbox, "echo still-fine\n", 5)
+    assert "\nstill-fine\n" in text
+
+
+def test_surrogates_are_typed_as_replacement_characters(run: Runner, sandbox: Sandbox) -> None:
+    _, text = step(run, sandbox, "echo A\udcffB\n", 5)
+    assert "\nA\ufffdB\n" in text
+
+
+def test_exit_makes_the_terminal_gone(run: Runner) -> None:
+    sandbox = run(Sandbox.start(SPEC))
+    try:
+        with pytest.raises(TerminalGone):
+            run(sandbox.terminal.send("exit\n", 5))
+            run(sandbox.terminal.capture_new())
+        with pytest.raises(TerminalGone):
+            run(sandbox.terminal.send("echo again\n", 1))
+    finally:
+        run(sandbox.close())
+
+
+def test_a_killed_container_makes_the_terminal_gone(run: Runner) -> None:
+    sandbox = run(Sandbox.start(SPEC))
+    try:
+        run(sandbox.exec("kill -TERM 1", 5))
+        deadline = time.monotonic() + 20
+        with pytest.raises(TerminalGone):
+            while time.monotonic() < deadline:
+                run(sandbox.terminal.send("echo x\n", 0.5))
+        assert not sandbox.alive
+    finally:
+        run(sandbox.close())
+
