@@ -108,6 +108,9 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # argparse's REMAINDER drops a leading --option, so hand the rest over whole
+        return _cmd_serve(argparse.Namespace(serve_args=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

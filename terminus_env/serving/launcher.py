@@ -1,0 +1,260 @@
+"""``terminus-env serve``: start N vLLM replicas (one per GPU group and port) and stop them all together.
+
+Data parallelism is N independent ``vllm serve`` processes rather than one ``--data-parallel-size``
+server, so each replica has its own URL and the ServingPool can route sessions and fail over per
+replica. Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
+
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
+_OWNED_FLAGS = ("--port", "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp", "--max-num-seqs")
+
+
+class LaunchError(Exception):
+    """The replicas cannot be started as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    port: int
+    gpus: tuple[str, ...]
+    argv: tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="terminus-env serve",
+        description="Start N vLLM data-parallel replicas, each on its own GPUs and port. "
+                    "Arguments after `--` go to every `vllm serve`.",
+    )
+    parser.add_argument("--model", required=True, help="model path or Hugging Face name")
+    parser.add_argument("--dp", type=int, default=1, help="replicas (data-parallel ranks)")
+    parser.add_argument("--tp", type=int, default=1, help="GPUs per replica (tensor parallelism)")
+    parser.add_argument("--port", type=int, default=8000, help="first replica's port; replica i uses port+i")
+    parser.add_argument("--host", help="address to bind (vLLM's default: all interfaces)")
+    parser.add_argument("--max-num-seqs", type=int, help="vLLM's per-replica cap on running requests")
+    parser.add_argument("--planned-concurrency", type=int,
+                        help="rollouts you will keep in flight across all replicas (checks --max-num-seqs)")
+    parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
+    return parser
+
+
+def plan(args: argparse.Namespace, extra: Sequence[str], vllm: str, visible_gpus: str | None) -> list[Replica]:
+    """The replicas to start, or a LaunchError saying why this request is refused."""
+    for name in ("dp", "tp", "port"):
+        if getattr(args, name) < 1:
+            raise LaunchError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
+    if owned:
+        raise LaunchError(f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
+                          "use --dp, --tp, --port and --max-num-seqs instead")
+    max_num_seqs = _max_num_seqs(args.max_num_seqs, args.planned_concurrency, args.dp)
+    gpus = visible_gpus.split(",") if visible_gpus else [str(i) for i in range(args.dp * args.tp)]
+    if len(gpus) < args.dp * args.tp:
+        raise LaunchError(f"--dp {args.dp} × --tp {args.tp} needs {args.dp * args.tp} GPUs but "
+                          f"{CUDA_VISIBLE_DEVICES}={visible_gpus} lists {len(gpus)}")
+    replicas = []
+    for i in range(args.dp):
+        port = args.port + i
+        argv = [vllm, "serve", args.model, "--port", str(port), "--tensor-parallel-size", str(args.tp),
+                "--enable-prefix-caching"]
+        if args.host:
+            argv += ["--host", args.host]
+        if max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(max_num_seqs)]
+        replicas.append(Replica(i, port, tuple(gpus[i * args.tp:(i + 1) * args.tp]), tuple(argv + list(extra))))
+    return replicas
+
+
+def _max_num_seqs(asked: int | None, planned: int | None, dp: int) -> int | None:
+    """Refuse a ``max_num_seqs`` tighter than each replica's share of the planned concurrency.
+
+    Admission control already bounds in-flight rollouts; an engine cap below a replica's share
+    only makes requests queue inside vLLM, a second bottleneck (bag-of-tricks, section 1).
+    """
+    if asked is not None and asked < 1:
+        raise LaunchError(f"--max-num-seqs must be at least 1, got {asked}")
+    if planned is None:
+        return asked
+    if planned < 1:
+        raise LaunchError(f"--planned-concurrency must be at least 1, got {planned}")
+    per_rank = math.ceil(planned / dp)
+    if asked is not None and asked < per_rank:
+        raise LaunchError(
+            f"--max-num-seqs {asked} is below the planned per-replica concurrency ceil({planned}/{dp}) = {per_rank}: "
+            "vLLM would queue the extra requests itself, a second bottleneck behind admission control. "
+            f"Use --max-num-seqs {per_rank} or more, or leave it unset."
+        )
+    if asked is None and per_rank > VLLM_DEFAULT_MAX_NUM_SEQS:
+        return per_rank  # vLLM's smaller default would bind otherwise
+    return asked
+
+
+class _Stop(Exception):
+    """SIGTERM asks the launcher to stop, as Ctrl-C does."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def main(argv: list[str]) -> int:
+    ours, extra = _split_extra(argv)
+    args = build_parser().parse_args(ours)
+    vllm = shutil.which("vllm")
+    try:
+        if vllm is None:
+            raise LaunchError("the `vllm` executable is not on PATH; install the extra: pip install 'terminus-env[vllm]'")
+        replicas = plan(args, extra, vllm, env_str(CUDA_VISIBLE_DEVICES))
+    except LaunchError as exc:
+        print(f"terminus-env serve: {exc}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    procs: list[subprocess.Popen] = []
+    try:
+        for replica in replicas:
+            procs.append(_start(replica, args.log_dir))
+        _wait_healthy(replicas, procs, args.startup_timeout)
+        _print_endpoints(replicas, args.model)
+        return _watch(replicas, procs)
+    except (KeyboardInterrupt, _Stop):
+        print("terminus-env serve: stopping the replicas", file=sys.stderr)
+        return 0
+    except LaunchError as exc:
+        print(f"terminus-env serve: {exc}; stopping the others", file=sys.stderr)
+        return 1
+    finally:
+        # A second Ctrl-C or SIGTERM must not cut the cleanup short and leave replicas behind.
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            _stop_all(procs, args.stop_timeout)
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _split_extra(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def _start(replica: Replica, log_dir: Path | None) -> subprocess.Popen:
+    env = {**os.environ, CUDA_VISIBLE_DEVICES: ",".join(replica.gpus)}
+    out = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(log_dir / f"replica-{replica.index}.log", "ab")
+    try:
+        # Its own process group, so stopping it reaches the engine and worker processes vLLM forks.
+        return subprocess.Popen(replica.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _die_with_parent() -> None:
+    """Linux: the replica gets SIGTERM if the launcher is killed outright (no orphans even then)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait_healthy(replicas: list[Replica], procs: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(replicas)
+    with httpx.Client(timeout=2.0) as http:
+        while pending:
+            _check_alive(replicas, procs, "while starting")
+            pending = [r for r in pending if not _healthy(http, r.url)]
+            if pending and time.monotonic() > deadline:
+                raise LaunchError(f"replica(s) {', '.join(r.url for r in pending)} not healthy after {timeout_s:.0f}s "
+                                  "(raise --startup-timeout for large models, or see their logs)")
+            if pending:
+                time.sleep(0.5)
+
+
+def _healthy(http: httpx.Client, url: str) -> bool:
+    try:
+        return http.get(f"{url}/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _check_alive(replicas: list[Replica], procs: list[subprocess.Popen], when: str) -> None:
+    for replica, proc in zip(replicas, procs):
+        code = proc.poll()
+        if code is not None:
+            raise LaunchError(f"replica {replica.index} (port {replica.port}) exited with code {code} {when}")
+
+
+def _print_endpoints(replicas: list[Replica], model: str) -> None:
+    print(f"terminus-env serve: {len(replicas)} replica(s) of {model} ready", flush=True)
+    for r in replicas:
+        print(f"  {r.url}  (GPUs {','.join(r.gpus)})", flush=True)
+    flags = " ".join(f"--base-url {r.url}" for r in replicas)
+    print(f"evaluate with: terminus-env eval --model {model} {flags}", flush=True)
+
+
+def _watch(replicas: list[Replica], procs: list[subprocess.Popen]) -> int:
+    """Block until Ctrl-C / SIGTERM (raised out of here) or until a replica dies (a LaunchError)."""
+    while True:
+        _check_alive(replicas, procs, "while serving")
+        time.sleep(0.5)
+
+
+def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group."""
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)  # stragglers, including workers whose leader already exited
+        proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,184 @@
+"""`terminus-env serve` with a stub `vllm` on PATH that starts the simulated server: real processes, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_support import pid_alive, terminate
+
+from terminus_env.serving.launcher import main
+
+STUB = """#!{python}
+# A stand-in for `vllm serve MODEL --port P ...`: records how it was called, then becomes the sim server.
+import json, os, sys
+args = sys.argv[1:]
+port = args[args.index("--port") + 1]
+record = {{"pid": os.getpid(), "argv": args, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+with open(os.path.join({records!r}, port + ".json"), "w") as f:
+    json.dump(record, f)
+os.execv(sys.executable, [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", port,
+                          "--model", args[1], "--time-scale", "0"])
+"""
+
+
+@pytest.fixture
+def stub_path(tmp_path):
+    """A PATH whose `vllm` is the stub; yields (env, records dir) and kills anything the stub started."""
+    records = tmp_path / "records"
+    records.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "vllm"
+    stub.write_text(STUB.format(python=sys.executable, records=str(records)))
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
+    yield env, records
+    for record in records.glob("*.json"):
+        terminate(json.loads(record.read_text())["pid"])
+
+
+def _free_ports(n: int) -> int:
+    """A base port with n free ports after it."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _launch(env, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "terminus_env.cli", "serve", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _read_until_ready(proc: subprocess.Popen, timeout_s: float = 30) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"launcher exited early: rc={proc.wait()} stderr={proc.stderr.read()}")
+        lines.append(line.rstrip())
+        if line.startswith("evaluate with:"):
+            return lines
+    raise AssertionError(f"launcher not ready in {timeout_s}s: {lines}")
+
+
+def _records(records: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+
+
+def _wait_dead(pids: list[int], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(pid_alive(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
+    env, records = stub_path
+    env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"
+    port = _free_ports(2)
+    proc = _launch(env, "--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port),
+                   "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9")
+    try:
+        lines = _read_until_ready(proc)
+        assert f"  http://127.0.0.1:{port}  (GPUs 4,5)" in lines
+        assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7)" in lines
+        for i in range(2):
+            reply = httpx.post(f"http://127.0.0.1:{port + i}/v1/chat/completions", timeout=10, json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).json()
+            assert reply["usage"]["completion_tokens"] == 2
+        seen = _records(records)
+        assert [r["cuda"] for r in seen] == ["4,5", "6,7"]
+        argv = seen[0]["argv"]
+        assert argv[:2] == ["serve", "tiny"] and "--enable-prefix-caching" in argv
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+        assert argv[argv.index("--max-num-seqs") + 1] == "300"  # ceil(600/2) > vLLM's default of 256
+        assert argv[-2:] == ["--gpu-memory-utilization", "0.9"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert _wait_dead([r["pid"] for r in seen])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_when_one_replica_dies_the_others_are_stopped(stub_path):
+    env, records = stub_path
+    port = _free_ports(3)
+    proc = _launch(env, "--model", "tiny", "--dp", "3", "--port", str(port))
+    try:
+        _read_until_ready(proc)
+        seen = _records(records)
+        assert len(seen) == 3
+        os.kill(seen[1]["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=30) == 1
+        assert "exited with code" in proc.stderr.read()
+        assert _wait_dead([r["pid"] for r in seen])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_launcher_killed_outright_leaves_no_replica(stub_path):
+    env, records = stub_path
+    proc = _launch(env, "--model", "tiny", "--dp", "2", "--port", str(_free_ports(2)))
+    try:
+        _read_until_ready(proc)
+        pids = [r["pid"] for r in _records(records)]
+        proc.kill()  # SIGKILL: no cleanup code runs; the replicas' parent-death signal does it
+        proc.wait()
+        assert _wait_dead(pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_max_num_seqs_below_the_planned_share_is_refused(stub_path, capsys, monkeypatch):
+    env, _ = stub_path
+    monkeypatch.setenv("PATH", env["PATH"])
+    assert main(["--model", "m", "--dp", "4", "--max-num-seqs", "64", "--planned-concurrency", "300"]) == 2
+    err = capsys.readouterr().err
+    assert "ceil(300/4) = 75" in err and "second bottleneck" in err
+
+
+def test_flags_serve_owns_are_refused_after_the_separator(stub_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
+    assert main(["--model", "m", "--", "--port", "9000"]) == 2
+    assert "--port after `--` conflicts" in capsys.readouterr().err
+
+
+def test_too_few_visible_gpus_is_refused(stub_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert main(["--model", "m", "--dp", "2", "--tp", "2"]) == 2
+    assert "needs 4 GPUs" in capsys.readouterr().err
+
+
+def test_without_vllm_the_message_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["--model", "m"]) == 2
+    assert "pip install 'terminus-env[vllm]'" in capsys.readouterr().err
