@@ -1,0 +1,140 @@
+"""What the model reads each turn, in Terminus 2's format and with Terminus 2's information.
+
+The wording is ours; the facts it states (reply format, durations, key names, completion
+confirmation, the output cap) match Terminus 2, so a model trained on these prompts meets no
+surprise under Terminal-Bench.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from terminus_env.protocol.parser import MAX_COMMAND_DURATION, ParsedReply
+
+OUTPUT_LIMIT_BYTES = 10_000
+
+_FORMAT_RULES = f"""\
+You are working in a Linux terminal to complete the task below. Each turn you see what the \
+terminal printed, and you answer with keystrokes to send to it.
+
+Answer with exactly one XML block and nothing outside it:
+
+<response>
+<analysis>
+What the terminal shows, what is already done, and what remains.
+</analysis>
+<plan>
+The next steps: which commands you will run and what you expect from each.
+</plan>
+<commands>
+<keystrokes duration="0.1">cd /app && ls -la
+</keystrokes>
+<keystrokes duration="5.0">make test
+</keystrokes>
+</commands>
+<task_complete>false</task_complete>
+</response>
+
+Sections:
+- <analysis>, <plan> and <commands> are required, in that order.
+- <task_complete> is optional. Write <task_complete>true</task_complete> only when the task is \
+done; false, an empty tag or leaving it out all mean not done.
+
+Keystrokes:
+- The text of each <keystrokes> element is typed into the terminal exactly as written. Do not \
+escape it: write <, >, & and quotes as they are (&amp; would be typed as the five characters \
+&amp;). Add no spaces or blank lines you do not mean to type.
+- End a command with a newline to press Enter; without it, the next keystrokes continue the \
+same line.
+- To send a special key, make it the whole content of a <keystrokes> element, in tmux \
+notation: <keystrokes>C-c</keystrokes> for Ctrl+C, <keystrokes>C-d</keystrokes> for Ctrl+D.
+- duration is how many seconds to wait after sending the keys before the next keystrokes or \
+before you see the output (default 1.0). Use about 0.1 for instant commands (cd, ls, cat, \
+echo), 1 for quick ones (grep, gcc on one file) and more for slow ones (make, pip install, \
+long scripts). Waits stop at {MAX_COMMAND_DURATION:g} seconds: prefer short waits and check \
+again, e.g. with <keystrokes duration="10"></keystrokes>, which sends nothing and just waits.
+
+Finishing: after you mark the task complete you will be asked to confirm, because the solution \
+is then graded and cannot be changed. Confirm by answering <task_complete>true</task_complete> \
+again."""
+
+
+def initial_prompt(instruction: str, screen: str) -> str:
+    """The first observation: how to reply, the task, and the terminal as it is now."""
+    return f"{_FORMAT_RULES}\n\nTask:\n{instruction}\n\nCurrent terminal screen:\n{screen}"
+
+
+def rejected_feedback(reply: ParsedReply) -> str:
+    """After a rejected turn (lenient mode): what was wrong; nothing was executed."""
+    parts = [
+        "Your previous response had parsing errors, so none of its commands ran.",
+        f"ERROR: {reply.error}",
+    ]
+    if reply.warnings:
+        parts.append(_warning_list(reply.warnings))
+    parts.append("Please answer again with one well-formed <response> block as described at the start.")
+    return "\n\n".join(parts)
+
+
+def output_feedback(output: str, warnings: Sequence[str], *, is_screen: bool = False) -> str:
+    """A normal observation: any parser warnings, then the terminal output (pass it through cap_output)."""
+    parts = [_warning_list(warnings)] if warnings else []
+    parts.append(_terminal(output, is_screen))
+    return "\n\n".join(parts)
+
+
+def confirm_completion_prompt(output: str, *, is_screen: bool = False) -> str:
+    """Asked after the first task_complete=true: grading is final, so the model confirms."""
+    return (
+        f"{_terminal(output, is_screen)}\n\n"
+        "You marked the task as complete. Are you sure? Your solution will now be graded and you "
+        "will not be able to change anything afterwards. If it is finished, answer with "
+        "<task_complete>true</task_complete> again; otherwise keep working."
+    )
+
+
+def truncated_feedback(max_tokens: int) -> str:
+    """After a reply cut off by the per-turn token limit that could not be salvaged."""
+    return (
+        f"Your previous response went over the limit of {max_tokens} tokens and was cut off, so "
+        "none of its actions ran. Answer again with a shorter <response>: keep the analysis and "
+        "plan brief, and split long file contents over several turns."
+    )
+
+
+def cap_output(text: str, limit: int = OUTPUT_LIMIT_BYTES) -> str:
+    """Keep the first and last limit/2 bytes (UTF-8) of a long output and say how much was cut.
+
+    Both ends matter: the start shows what ran, the end shows how it finished. Cuts fall on
+    character boundaries, so no character is split or lost from the kept parts.
+    """
+    if limit < 2:
+        raise ValueError(f"cap_output limit must be at least 2 bytes, got {limit}")
+    if len(text) * 4 <= limit:  # at most 4 bytes a character: short enough without encoding
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    head_end = _char_start(data, limit // 2, step=-1)
+    tail_start = _char_start(data, len(data) - limit // 2, step=1)
+    head = data[:head_end].decode("utf-8", "surrogatepass")
+    tail = data[tail_start:].decode("utf-8", "surrogatepass")
+    omitted = tail_start - head_end
+    return f"{head}\n[... {omitted} bytes omitted: output over {limit} bytes ...]\n{tail}"
+
+
+def _char_start(data: bytes, index: int, step: int) -> int:
+    """The nearest index from ``index`` in direction ``step`` where a UTF-8 character starts."""
+    while 0 < index < len(data) and data[index] & 0b1100_0000 == 0b1000_0000:
+        index += step
+    return index
+
+
+def _warning_list(warnings: Sequence[str]) -> str:
+    return "WARNINGS about your previous response:\n" + "\n".join(f"- {warning}" for warning in warnings)
+
+
+def _terminal(output: str, is_screen: bool) -> str:
+    if is_screen:
+        return f"Current terminal screen (no new output could be isolated):\n{output}"
+    return f"New terminal output:\n{output}"
