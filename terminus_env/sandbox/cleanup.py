@@ -24,13 +24,18 @@ class _Registry:
         self._hooked = False
         self._reaped = False
 
+    def hook(self) -> None:
+        """Register the exit hooks once; call from the thread that runs the event loop (signals need main)."""
+        with self._lock:
+            if self._hooked:
+                return
+            self._hooked = True
+        atexit.register(self.remove_all)
+        _install_sigterm(self._on_sigterm)
+
     def add(self, container_id: str, client: docker.DockerClient) -> None:
         with self._lock:
             self._live[container_id] = client
-            if not self._hooked:
-                self._hooked = True
-                atexit.register(self.remove_all)
-                _install_sigterm(self._on_sigterm)
 
     def discard(self, container_id: str) -> None:
         with self._lock:

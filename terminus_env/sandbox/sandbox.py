@@ -63,6 +63,7 @@ class Sandbox:
 
     @classmethod
     async def start(cls, spec: SandboxSpec, *, client: docker.DockerClient | None = None) -> Sandbox:
+        REGISTRY.hook()
         client = await asyncio.to_thread(connect, client)
         if REGISTRY.claim_reap():
             await asyncio.to_thread(reap, False, client)
@@ -138,11 +139,10 @@ def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str]:
     """Create and start the container; returns its id and the image's default user."""
     limit_mb = spec.effective_memory_mb
     try:
-        container = client.containers.run(
+        container = client.containers.create(  # create, not run: run would try to pull a missing image
             spec.image,
             entrypoint=["sleep"],
             command=[str(math.ceil(spec.lifetime_s))],
-            detach=True,
             auto_remove=True,
             init=True,
             labels=Owner.current().labels(new_run_id()),
@@ -162,8 +162,13 @@ def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str]:
             f"image {spec.image!r} does not exist here; build it (ensure_image, or `terminus-env images base`)"
         ) from exc
     except APIError as exc:
-        raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
+        raise SandboxError(f"cannot create a container from {spec.image!r}: {exc.explanation or exc}") from exc
     REGISTRY.add(container.id, client)
+    try:
+        container.start()
+    except APIError as exc:
+        _discard(client, container.id)
+        raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
     return container.id, container.attrs.get("Config", {}).get("User") or ""
 
 

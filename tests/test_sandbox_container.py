@@ -1,0 +1,288 @@
+"""The container: hardening, limits, exec, files, close, pool, reaper, images, and no engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from sandbox_support import SPEC, Runner, containers_of_pid, event_loop_runner, sandbox_on
+
+from terminus_env.sandbox import (
+    DockerUnavailable,
+    ImageBuildError,
+    Sandbox,
+    SandboxPool,
+    SandboxSpec,
+    ensure_image,
+    reap,
+)
+from terminus_env.sandbox.owner import Owner
+
+pytestmark = pytest.mark.docker
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run(docker_required: None) -> Iterator[Runner]:
+    yield from event_loop_runner()
+
+
+@pytest.fixture(scope="module")
+def sandbox(run: Runner) -> Iterator[Sandbox]:
+    yield from sandbox_on(run)
+
+
+@pytest.fixture(scope="module")
+def limited(run: Runner) -> Iterator[Sandbox]:
+    yield from sandbox_on(run, SandboxSpec(SPEC.image, cpus=0.5, memory_mb=96, pids_limit=64))
+
+
+@pytest.fixture(scope="module")
+def client(docker_required: None) -> Iterator[docker.DockerClient]:
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+def sh(run: Runner, sandbox: Sandbox, cmd: str, timeout: float = 10, **kwargs: object):
+    return run(sandbox.exec(cmd, timeout, **kwargs))
+
+
+# --- hardening ---------------------------------------------------------------------------------
+
+
+def test_capabilities_allow_chown_and_package_tools_but_not_mknod_or_raw_sockets(run: Runner, sandbox: Sandbox) -> None:
+    assert sh(run, sandbox, "touch /tmp/f && chown nobody:nogroup /tmp/f && stat -c %U /tmp/f").output == "nobody\n"
+    assert sh(run, sandbox, "setpriv --reuid=65534 --regid=65534 --clear-groups id -u").output.strip() == "65534"
+    assert sh(run, sandbox, "mknod /tmp/null c 1 3").exit_code != 0
+    raw = "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)"
+    result = sh(run, sandbox, f"python3 -c '{raw}'")
+    assert result.exit_code != 0 and "PermissionError" in result.output
+
+
+def test_no_new_privileges_and_init(run: Runner, sandbox: Sandbox) -> None:
+    assert "NoNewPrivs:\t1" in sh(run, sandbox, "grep NoNewPrivs /proc/self/status").output
+    assert sh(run, sandbox, "cat /proc/1/comm").output.strip() in {"docker-init", "tini"}
+
+
+def test_no_network_by_default(run: Runner, sandbox: Sandbox) -> None:
+    assert sh(run, sandbox, "ls /sys/class/net").output.split() == ["lo"]
+    probe = "import socket; socket.create_connection(('1.1.1.1', 53), 2)"
+    assert sh(run, sandbox, f"python3 -c \"{probe}\"").exit_code != 0
+
+
+def test_allow_internet_gives_a_network_interface(run: Runner) -> None:
+    for sandbox in sandbox_on(run, SandboxSpec(SPEC.image, allow_internet=True)):
+        assert "eth0" in sh(run, sandbox, "ls /sys/class/net").output.split()
+
+
+def test_limits_and_labels_are_set(run: Runner, limited: Sandbox, client: docker.DockerClient) -> None:
+    attrs = client.api.inspect_container(limited.id)
+    host = attrs["HostConfig"]
+    assert host["Memory"] == host["MemorySwap"] == 96 * 1024 * 1024
+    assert host["NanoCpus"] == 500_000_000 and host["PidsLimit"] == 64
+    assert host["Init"] is True and host["NetworkMode"] == "none"
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert set(host["CapDrop"]) == {"ALL"} and "CHOWN" in host["CapAdd"] and "NET_RAW" not in host["CapAdd"]
+    owner = Owner.from_labels(attrs["Config"]["Labels"])
+    assert owner is not None and owner.pid == os.getpid() and owner.alive()
+
+
+def test_fork_bomb_is_held_by_the_pids_limit(run: Runner, limited: Sandbox) -> None:
+    result = sh(run, limited, "bomb() { bomb | bomb & }; bomb; sleep 5", timeout=4)
+    assert result.timed_out and result.exit_code == 124
+    count = sh(run, limited, "ls -d /proc/[0-9]* | wc -l", timeout=10)
+    assert count.exit_code == 0 and int(count.output) < 20, "the bomb should be gone after the timeout"
+
+
+def test_memory_hog_is_killed_and_the_sandbox_lives_on(run: Runner, limited: Sandbox) -> None:
+    result = sh(run, limited, "python3 -c 'x = bytearray(400 * 1024 * 1024); print(len(x))'", timeout=30)
+    assert result.exit_code in (137, 1) and "419430400" not in result.output
+    assert sh(run, limited, "echo alive").output == "alive\n"
+    run(limited.terminal.send("echo terminal-alive\n", 5))
+    assert "terminal-alive" in run(limited.terminal.capture_new()).text
+
+
+# --- exec and files ----------------------------------------------------------------------------
+
+
+def test_exec_reports_exit_code_and_both_streams(run: Runner, sandbox: Sandbox) -> None:
+    result = sh(run, sandbox, "echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.output, result.timed_out) == (3, "out\nerr\n", False)
+
+
+def test_exec_user_env_and_workdir(run: Runner, sandbox: Sandbox) -> None:
+    assert sh(run, sandbox, "id -un", user="nobody").output == "nobody\n"
+    assert sh(run, sandbox, "echo $GREETING", env={"GREETING": "hello"}).output == "hello\n"
+    assert sh(run, sandbox, "pwd", workdir="/usr").output == "/usr\n"
+
+
+def test_exec_timeout_kills_everything_it_started(run: Runner, sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    result = sh(run, sandbox, "sleep 987 & sleep 986 | cat", timeout=1)
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - started < 8
+    assert sh(run, sandbox, "pgrep -f 'slee[p] 98[67]'").exit_code == 1
+
+
+def test_exec_output_is_capped(run: Runner, sandbox: Sandbox) -> None:
+    result = sh(run, sandbox, "head -c 3000000 /dev/zero | tr '\\0' y; echo; echo END", timeout=30)
+    assert result.output.endswith("END\n") and result.output.startswith("yyyy")
+    assert "interior bytes omitted" in result.output and len(result.output) < 1_100_000
+
+
+def test_put_dir_put_file_and_read_file(run: Runner, sandbox: Sandbox, tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "run.sh").write_text("echo ran\n")
+    (tmp_path / "sub" / "run.sh").chmod(0o755)
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)))
+    run(sandbox.put_dir(tmp_path, "/opt/new/place"))
+    assert run(sandbox.read_file("/opt/new/place/data.bin")) == bytes(range(256))
+    assert sh(run, sandbox, "/opt/new/place/sub/run.sh").output == "ran\n"
+    run(sandbox.put_file(b"#!/bin/sh\necho x\n", "/deep/er/tool", mode=0o750))
+    assert sh(run, sandbox, "stat -c %a /deep/er/tool").output == "750\n"
+    assert run(sandbox.read_file("/deep/er/tool", max_bytes=4)) == b"#!/b"
+    assert run(sandbox.read_file("/no/such/file")) is None
+
+
+def test_put_dir_of_a_missing_folder_is_a_clear_error(run: Runner, sandbox: Sandbox, tmp_path: Path) -> None:
+    from terminus_env.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="not a folder"):
+        run(sandbox.put_dir(tmp_path / "missing", "/x"))
+
+
+def test_missing_image_is_a_clear_error(run: Runner) -> None:
+    from terminus_env.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="does not exist here"):
+        run(Sandbox.start(SandboxSpec("terminus-env/no-such-image:never")))
+
+
+# --- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_close_is_idempotent_and_removes_the_container(run: Runner, client: docker.DockerClient) -> None:
+    sandbox = run(Sandbox.start(SPEC))
+    run(sandbox.close())
+    run(sandbox.close())
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_container(sandbox.id)
+
+
+def test_pool_gives_warm_sandboxes_and_removes_everything(run: Runner, client: docker.DockerClient) -> None:
+    async def scenario() -> tuple[list[str], int]:
+        async with SandboxPool(warm_per_spec=1) as pool:
+            first = await pool.acquire(SPEC)
+            await pool.wait_warm()
+            assert pool.warm_count(SPEC) == 1
+            await pool.release(first)
+            second = await pool.acquire(SPEC)  # the warm one
+            await second.terminal.send("echo from-pool\n", 5)
+            assert "from-pool" in (await second.terminal.capture_new()).text
+            await pool.wait_warm()
+            return [first.id, second.id], pool.warm_count(SPEC)
+
+    ids, warm = run(scenario())
+    assert ids[0] != ids[1] and warm == 1
+    assert not set(ids) & set(containers_of_pid(os.getpid()))
+
+
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from terminus_env.sandbox import Sandbox, SandboxSpec, BASE_IMAGE
+    async def main():
+        sandbox = await Sandbox.start(SandboxSpec(BASE_IMAGE))
+        print(sandbox.id, flush=True)
+        await asyncio.sleep(600)
+    asyncio.run(main())
+    """
+)
+
+
+def test_sigkilled_owner_leaves_nothing_after_the_reaper(client: docker.DockerClient) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        container_id = child.stdout.readline().strip()  # type: ignore[union-attr]
+        assert client.api.inspect_container(container_id)["State"]["Running"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    reap(client=client)
+    deadline = time.monotonic() + 15
+    while containers_of_pid(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert containers_of_pid(child.pid) == []
+
+
+def test_sigterm_removes_the_owners_containers(client: docker.DockerClient) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    container_id = child.stdout.readline().strip()  # type: ignore[union-attr]
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_container(container_id)
+
+
+def test_reaper_removes_containers_of_dead_owners_only(client: docker.DockerClient) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_owner = Owner(int(dead.stdout), "1", Owner.current().host)
+    made = []
+    for owner in (dead_owner, Owner.current()):
+        container = client.containers.run(
+            SPEC.image, ["sleep", "120"], detach=True, auto_remove=True, network_mode="none",
+            labels=owner.labels("reaper-test"),
+        )  # fmt: skip
+        made.append(container.id)
+    try:
+        assert reap(client=client) >= 1
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(made[0])
+        assert client.api.inspect_container(made[1])["State"]["Running"]
+    finally:
+        for container_id in made:
+            try:
+                client.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                pass
+
+
+def test_no_engine_is_docker_unavailable(run: Runner, tmp_path: Path) -> None:
+    dead = docker.DockerClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.41", timeout=5)
+    with pytest.raises(DockerUnavailable, match="dockerd"):
+        run(Sandbox.start(SPEC, client=dead))
+    with pytest.raises(DockerUnavailable):
+        reap(client=dead)
+
+
+# --- images ------------------------------------------------------------------------------------
+
+
+def test_ensure_image_builds_once_and_reports_failures(client: docker.DockerClient, tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN echo built-{time.time_ns()} > /built\n")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN echo about-to-fail && exit 3\n")
+    tag = ensure_image(good, "Sandbox Test Good!")
+    try:
+        assert tag.startswith("terminus-env/task-sandbox-test-good:")
+        image_id = client.images.get(tag).id
+        started = time.monotonic()
+        assert ensure_image(good, "Sandbox Test Good!") == tag
+        assert time.monotonic() - started < 5 and client.images.get(tag).id == image_id
+        with pytest.raises(ImageBuildError, match="sandbox-test-bad") as failure:
+            ensure_image(bad, "sandbox-test-bad")
+        assert "about-to-fail" in str(failure.value)
+    finally:
+        client.images.remove(tag, force=True)
