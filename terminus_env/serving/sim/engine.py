@@ -294,8 +294,23 @@ class SimReplica:
         if not scheduled:
             return 0.0
         cfg = self.config
-        tokens = sum(n for _, n in scheduled)
-        context = sum(live.num_computed + n for live, n in scheduled)
+        tokens = context = 0
+        first: list[_Live] = []
+        done: list[_Live] = []
+        for live, n in scheduled:  # the hot loop: one pass per scheduled request
+            tokens += n
+            computed = live.num_computed + n
+            context += computed
+            live.num_computed = computed
+            if computed > live.max_computed:
+                live.max_computed = computed
+            if cfg.enable_prefix_caching and computed // cfg.block_size > live.num_hashed_blocks:
+                self._register_full_blocks(live)
+            if computed == len(live.tokens):
+                if live.first_token_at is None:
+                    first.append(live)
+                if self._sample(live):
+                    done.append(live)
         dt = (
             cfg.step_base_s
             + cfg.step_per_token_s * tokens
@@ -305,7 +320,9 @@ class SimReplica:
         self.now += dt
         self._steps += 1
         self._busy_s += dt
-        done = [live for live, n in scheduled if self._advance(live, n)]
+        for live in first:
+            live.first_token_at = self.now
+            self._prompt_tokens_total += live.num_prompt
         if done:
             finished = set(map(id, done))
             self._running = [live for live in self._running if id(live) not in finished]
@@ -315,29 +332,28 @@ class SimReplica:
 
     def _schedule(self) -> list[tuple[_Live, int]]:
         budget = self.config.max_num_batched_tokens
+        bs = self.config.block_size
+        free = self._pool.free
         scheduled: list[tuple[_Live, int]] = []
         preempted = False
         i = 0
         while i < len(self._running) and budget > 0:
             live = self._running[i]
-            n = min(len(live.tokens) - live.num_computed, budget)
-            need = self._blocks_for(live.num_computed + n) - len(live.blocks)
-            # Make room by evicting the newest running request; stop if that is this one.
-            while need > len(self._pool.free):
-                victim = self._running.pop()
-                self._preempt(victim)
+            n = len(live.tokens) - live.num_computed
+            if n > budget:
+                n = budget
+            need = -(-(live.num_computed + n) // bs) - len(live.blocks)
+            if need > len(free):
                 preempted = True
-                if victim is live:
+                if not self._make_room(live, need):
                     break
-            else:
-                if need > 0:
-                    live.blocks.extend(self._pool.allocate(need))
+            if need > 0:
+                live.blocks.extend(self._pool.allocate(need))
+            if live.num_computed < live.max_computed or live.num_computed < live.num_prompt:
                 self._count_recompute(live, n)
-                scheduled.append((live, n))
-                budget -= n
-                i += 1
-                continue
-            break
+            scheduled.append((live, n))
+            budget -= n
+            i += 1
         # Like vLLM, admit nothing new in a step that had to preempt.
         while not preempted and self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             live = self._waiting[0]
@@ -397,21 +413,20 @@ class SimReplica:
         self._preemptions += 1
         self._waiting.appendleft(live)
 
-    def _advance(self, live: _Live, n: int) -> bool:
-        """Account one step's work for a request; True when it finished."""
-        live.num_computed += n
-        if live.num_computed > live.max_computed:
-            live.max_computed = live.num_computed
-        if self.config.enable_prefix_caching:
-            self._register_full_blocks(live)
-        if live.num_computed < len(live.tokens):
-            return False  # still in (chunked) prefill
+    def _make_room(self, live: _Live, need: int) -> bool:
+        """Preempt the newest running requests until ``need`` blocks are free; False if ``live`` went."""
+        while need > len(self._pool.free):
+            victim = self._running.pop()
+            self._preempt(victim)
+            if victim is live:
+                return False
+        return True
+
+    def _sample(self, live: _Live) -> bool:
+        """Append one generated token; True when the request is finished."""
         live.rng = (live.rng * _LCG_MUL + _LCG_ADD) % _LCG_MOD
         live.tokens.append(live.rng % self.config.vocab_size)
         self._generation_tokens += 1
-        if live.first_token_at is None:
-            live.first_token_at = self.now
-            self._prompt_tokens_total += live.num_prompt
         return live.num_output >= live.stop_after
 
     def _register_full_blocks(self, live: _Live) -> None:
