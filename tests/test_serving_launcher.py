@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -66,9 +68,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _launch(env, *args: str) -> subprocess.Popen:
+@contextlib.contextmanager
+def _launched(env, *args: str) -> Iterator[subprocess.Popen]:
+    """`terminus-env serve ARGS` as a process, killed on the way out whatever the test did."""
     cmd = [sys.executable, "-m", "terminus_env.cli", "serve", *args]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def _read_until_ready(proc: subprocess.Popen, timeout_s: float = 30) -> list[str]:
@@ -101,9 +112,8 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
     env, records = stub_path
     env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"
     port = _free_ports(2)
-    proc = _launch(env, "--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port),
-                   "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9")
-    try:
+    with _launched(env, "--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port),
+                   "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9") as proc:
         lines = _read_until_ready(proc)
         assert f"  http://127.0.0.1:{port}  (GPUs 4,5)" in lines
         assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7)" in lines
@@ -121,16 +131,12 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         assert _wait_dead([r["pid"] for r in seen])
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_when_one_replica_dies_the_others_are_stopped(stub_path):
     env, records = stub_path
     port = _free_ports(3)
-    proc = _launch(env, "--model", "tiny", "--dp", "3", "--port", str(port))
-    try:
+    with _launched(env, "--model", "tiny", "--dp", "3", "--port", str(port)) as proc:
         _read_until_ready(proc)
         seen = _records(records)
         assert len(seen) == 3
@@ -138,23 +144,16 @@ def test_when_one_replica_dies_the_others_are_stopped(stub_path):
         assert proc.wait(timeout=30) == 1
         assert "exited with code" in proc.stderr.read()
         assert _wait_dead([r["pid"] for r in seen])
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_launcher_killed_outright_leaves_no_replica(stub_path):
     env, records = stub_path
-    proc = _launch(env, "--model", "tiny", "--dp", "2", "--port", str(_free_ports(2)))
-    try:
+    with _launched(env, "--model", "tiny", "--dp", "2", "--port", str(_free_ports(2))) as proc:
         _read_until_ready(proc)
         pids = [r["pid"] for r in _records(records)]
         proc.kill()  # SIGKILL: no cleanup code runs; the replicas' parent-death signal does it
         proc.wait()
         assert _wait_dead(pids)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_max_num_seqs_below_the_planned_share_is_refused(stub_path, capsys, monkeypatch):

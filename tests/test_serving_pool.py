@@ -140,7 +140,8 @@ def test_failover_when_a_server_process_dies(tmp_path):
     """Kill one server mid-turn: its sessions move, the in-flight turns are retried, no rollout is lost;
     a server started again on that port is probed back up and takes new sessions."""
     script = tmp_path / "replies.jsonl"
-    script.write_text(json.dumps({"reply": "step " * 120}) + "\n")
+    # Turn 2 is long (~1.5 s at this time scale), so it is surely in flight when the victim dies.
+    script.write_text(json.dumps({"match": "task for", "replies": ["look", "step " * 300, "done"]}) + "\n")
     procs = SimProcesses(tmp_path)
     args = ("--model", "m", "--time-scale", "0.5", "--replies", str(script))
 
@@ -153,7 +154,7 @@ def test_failover_when_a_server_process_dies(tmp_path):
             runs = asyncio.gather(*(rollout(pool, f"s{i}", 3, first_turn_done=done[i]) for i in range(4)))
             for event in done:
                 await event.wait()
-            await asyncio.sleep(0.1)  # second turns are in flight (each takes ~0.5 s)
+            await asyncio.sleep(0.2)
             victim.kill()
             first = await runs
             down = not pool.is_up(victim_url)

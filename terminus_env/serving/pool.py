@@ -189,7 +189,10 @@ class ServingPool:
     async def _scrape_forever(self) -> None:
         while True:
             await asyncio.sleep(self.scrape_interval_s)
-            await self._scrape_all()
+            try:
+                await self._scrape_all()
+            except Exception:  # one bad round must not stop placement from ever seeing fresh numbers
+                log.exception("scraping the replicas failed; retrying in %.1fs", self.scrape_interval_s)
 
     async def _scrape_all(self) -> None:
         await asyncio.gather(*(self._scrape(name) for name in self._clients))
