@@ -1,0 +1,197 @@
+"""Fixed and adaptive admission: the counting, the waiting, and how the adaptive limit moves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from terminus_env.serving.admission import AdaptiveAdmission, FixedAdmission
+from terminus_env.serving.metrics import EngineMetrics
+
+CAPACITY = 100_000  # tokens over all replicas in these tests (two engines of 3125 blocks × 16)
+
+
+def scrape(preemptions: float = 0.0) -> dict[str, EngineMetrics]:
+    return {
+        name: EngineMetrics(
+            engine=name, num_requests_running=0, num_requests_waiting=0, kv_cache_usage=0.0,
+            num_preemptions_total=preemptions / 2, prompt_tokens_total=0, generation_tokens_total=0,
+            prefix_cache_queries_total=0, prefix_cache_hits_total=0, num_gpu_blocks=3125, block_size=16,
+        )
+        for name in ("0", "1")
+    }
+
+
+def adaptive(**kwargs: object) -> AdaptiveAdmission:
+    defaults: dict[str, object] = dict(target_usage=0.8, patience=3, deadband=0.05)
+    defaults.update(kwargs)
+    return AdaptiveAdmission(64, 4_000, **defaults)  # type: ignore[arg-type]
+
+
+def observe(adm: AdaptiveAdmission, times: int, preemptions: float = 0.0) -> None:
+    for _ in range(times):
+        adm.observe(scrape(preemptions))
+
+
+def test_fixed_counts_against_its_limit() -> None:
+    adm = FixedAdmission(2)
+    assert adm.try_acquire("a") and adm.try_acquire("b")
+    assert not adm.try_acquire("c")
+    adm.release("a", 1000)
+    adm.release("a", 1000)  # a second release of the same session changes nothing
+    assert adm.in_flight == 1
+    assert adm.try_acquire("c")
+    with pytest.raises(ValueError, match="already admitted"):
+        adm.try_acquire("c")
+
+
+def test_fixed_from_capacity_uses_the_concurrency_rule() -> None:
+    # min(pipeline 64, floor(10 traces/rank × 4 ranks × 0.9)) = 36
+    assert FixedAdmission.from_capacity(64, per_rank=10, dp=4).limit == 36
+    assert FixedAdmission.from_capacity(16, per_rank=10, dp=4).limit == 16
+    with pytest.raises(ValueError):
+        FixedAdmission(0)
+
+
+def test_acquire_waits_in_fifo_order_and_release_wakes_the_first() -> None:
+    async def main() -> list[str]:
+        adm = FixedAdmission(1)
+        order: list[str] = []
+        await adm.acquire("first")
+
+        async def worker(name: str) -> None:
+            await adm.acquire(name)
+            order.append(name)
+
+        tasks = [asyncio.create_task(worker(n)) for n in ("w1", "w2", "w3")]
+        await asyncio.sleep(0)
+        assert order == [] and adm.in_flight == 1
+        for done in ("first", "w1", "w2"):
+            adm.release(done, 10)
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == ["w1", "w2", "w3"]
+
+
+def test_a_cancelled_waiter_gives_up_its_place_without_leaking_a_slot() -> None:
+    async def main() -> FixedAdmission:
+        adm = FixedAdmission(1)
+        await adm.acquire("holder")
+        waiter = asyncio.create_task(adm.acquire("gives-up"))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        adm.release("holder", 10)
+        await adm.acquire("next")
+        return adm
+
+    adm = asyncio.run(main())
+    assert adm.in_flight == 1
+
+
+def test_adaptive_starts_from_the_prior_and_never_exceeds_the_pipeline_cap() -> None:
+    adm = AdaptiveAdmission(64, 4_000, kv_capacity_tokens=CAPACITY, target_usage=0.8)
+    assert adm.limit == 20  # 0.8 × 100000 / 4000
+    assert AdaptiveAdmission(64, 4_000, kv_capacity_tokens=100 * CAPACITY).limit == 64
+    small_pipeline = AdaptiveAdmission(10, 4_000, target_usage=0.8)
+    observe(small_pipeline, 5)  # the KV would allow 20
+    assert small_pipeline.limit == 10
+
+
+def test_adaptive_learns_capacity_from_the_first_scrape() -> None:
+    adm = adaptive()
+    assert adm.limit == 1  # nothing known yet
+    observe(adm, 3)
+    assert adm.limit == 20
+
+
+def test_adaptive_shrinks_as_live_traces_grow_and_grows_when_they_finish() -> None:
+    adm = adaptive()
+    observe(adm, 3)
+    for i in range(20):
+        assert adm.try_acquire(f"s{i}")
+    for i in range(20):
+        adm.on_turn(f"s{i}", 4_000)  # each now predicted at max(prior, 1.25 × 4000) = 5000
+    observe(adm, 3)
+    assert adm.limit == 15  # 20 + floor((80000 - 100000) / 4000)
+    assert not adm.try_acquire("late")
+    for i in range(12):
+        adm.release(f"s{i}", 6_000)  # finished traces now say a rollout ends near 6000 tokens
+    assert adm.in_flight == 8
+    observe(adm, 3)
+    # 8 live at 4000 each predicted 6000 (the mean of finished traces >= 4000): 48000 committed;
+    # room = floor(32000 / 6000) = 5 -> 13
+    assert adm.limit == 13
+    assert adm.try_acquire("late")
+
+
+def test_adaptive_never_cancels_work_in_flight() -> None:
+    adm = adaptive()
+    observe(adm, 3)
+    for i in range(20):
+        adm.try_acquire(f"s{i}")
+        adm.on_turn(f"s{i}", 20_000)
+    observe(adm, 3)
+    assert adm.limit < adm.in_flight == 20  # over budget: nothing new, nothing dropped
+
+
+def test_adaptive_uses_finished_siblings_first() -> None:
+    adm = adaptive()
+    observe(adm, 3)
+    for i in range(3):
+        adm.try_acquire(f"g/{i}", "g")
+    adm.try_acquire("other", "h")
+    adm.release("g/0", 12_000)
+    adm.on_turn("g/1", 3_000)
+    adm.on_turn("other", 3_000)
+    assert adm.predict_final("g/1") == 12_000  # its sibling ended at 12000
+    assert adm.predict_final("other") == 12_000  # no sibling: finished rollouts at least 3000 long
+    adm.release("x-never-admitted", 500)  # ignored
+    adm.try_acquire("h/2", "h")
+    adm.release("other", 2_000)
+    adm.on_turn("h/2", 1_000)
+    assert adm.predict_final("h/2") == 2_000
+
+
+def test_adaptive_backs_off_at_once_on_preemptions_and_recovers_slowly() -> None:
+    adm = adaptive(recover_after=2, recover_step=0.1)
+    observe(adm, 3)
+    assert adm.limit == 20
+    observe(adm, 1, preemptions=0)
+    observe(adm, 1, preemptions=4)  # the counters rose: target × 0.8 right away
+    assert adm.target_scale == pytest.approx(0.8)
+    assert adm.limit == 16
+    observe(adm, 1, preemptions=4)  # quiet again (the counter did not move)
+    assert adm.limit == 16
+    observe(adm, 7, preemptions=4)
+    assert adm.target_scale == pytest.approx(1.0)
+    assert adm.limit == 20
+
+
+def test_adaptive_hysteresis_ignores_a_one_scrape_burst_and_small_moves() -> None:
+    adm = adaptive()
+    observe(adm, 3)
+    for i in range(10):
+        adm.try_acquire(f"s{i}")
+        adm.on_turn(f"s{i}", 4_000)
+    # committed 50000 -> desired 10 + floor(30000/4000) = 17, a real move: needs 3 scrapes in a row
+    observe(adm, 2)
+    assert adm.limit == 20
+    for i in range(10):
+        adm.on_turn(f"s{i}", 1_000)  # the burst passes: predictions back at the prior (4000)
+    observe(adm, 1)
+    assert adm.desired_limit() == 20 and adm.limit == 20
+    adm.on_turn("s0", 4_400)  # 5500 predicted: desired 19, inside the deadband
+    observe(adm, 5)
+    assert adm.limit == 20
+
+
+def test_adaptive_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match="min_limit"):
+        AdaptiveAdmission(4, 1000, min_limit=5)
+    with pytest.raises(ValueError, match="prior_trace_tokens"):
+        AdaptiveAdmission(4, 0)
