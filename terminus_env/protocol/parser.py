@@ -28,6 +28,7 @@ DEFAULT_DURATION = 1.0
 SECTIONS = ("analysis", "plan", "commands")
 OPTIONAL_SECTIONS = ("task_complete",)
 _KNOWN = frozenset(SECTIONS + OPTIONAL_SECTIONS)
+_TAGS = {name: (f"<{name}", f"<{name}>", f"</{name}>") for name in _KNOWN}  # prefix, opening, closing
 _ENTITIES = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&apos;": "'"}
 _TAG_NAME = re.compile(r"[A-Za-z_][\w.:-]*")
 _COMPLETE = re.compile(r"<task_complete>\s*true\s*</task_complete>")
@@ -106,7 +107,7 @@ class _Notes:
         self.messages.append(message)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Element:
     """One <keystrokes> element, by absolute positions in the reply."""
 
@@ -117,7 +118,7 @@ class _Element:
     end: int  # just past </keystrokes> (or the self-closing tag)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Section:
     name: str
     open_at: int  # index of "<" of the first opening tag
@@ -216,7 +217,7 @@ def _scan_keystrokes(text: str, body_start: int) -> tuple[list[_Element], int | 
         if tag_end == -1:
             break
         attrs = text[at + len("<keystrokes") : tag_end]
-        if attrs.endswith("/") and _parse_attributes(attrs[:-1])[1] is None:  # <keystrokes .../>: a wait
+        if attrs.endswith("/") and _read_attributes(attrs[:-1]).well_formed:  # <keystrokes .../>: a wait
             element = _Element(at, attrs[:-1], tag_end + 1, tag_end + 1, tag_end + 1)
         else:
             close_at = text.find("</keystrokes>", tag_end + 1)
@@ -269,14 +270,13 @@ def _mask(body: str, offset: int, elements: list[_Element]) -> str:
 
 def _find_section(body: str, name: str) -> _Section | None:
     """First <name>...</name>, else the first self-closing <name/>; None when neither is there."""
-    opening = f"<{name}>"
+    prefix, opening, closing = _TAGS[name]
     at = body.find(opening)
     if at != -1:
-        closing = f"</{name}>"
         close_at = body.find(closing, at + len(opening))
         if close_at != -1:
             return _Section(name, at, (at + len(opening), close_at), close_at + len(closing))
-    empty_at, empty_end = _self_closing(body, name)
+    empty_at, empty_end = _self_closing(body, prefix)
     if empty_at != -1:
         return _Section(name, empty_at, (empty_end, empty_end), empty_end)
     if at != -1:
@@ -284,9 +284,8 @@ def _find_section(body: str, name: str) -> _Section | None:
     return None
 
 
-def _self_closing(body: str, name: str) -> tuple[int, int]:
+def _self_closing(body: str, prefix: str) -> tuple[int, int]:
     """Position and end of the first ``<name/>`` (white space allowed before the slash)."""
-    prefix = f"<{name}"
     at = body.find(prefix)
     while at != -1:
         rest = at + len(prefix)
@@ -319,7 +318,7 @@ def _check_layout(body: str, sections: dict[str, _Section | None], notes: _Notes
             notes.add(Issue.MISSING_SECTION, f"Missing <{name}> section.")
     for name in SECTIONS + OPTIONAL_SECTIONS:
         section = sections[name]
-        if section is not None and _opens_again(body, name, section.end):
+        if section is not None and _opens_again(body, _TAGS[name][0], section.end):
             if name == "commands":
                 notes.add(
                     Issue.MULTIPLE_COMMANDS,
@@ -329,9 +328,10 @@ def _check_layout(body: str, sections: dict[str, _Section | None], notes: _Notes
                 notes.add(Issue.MULTIPLE_SECTIONS, f"Several <{name}> sections found; only the first was read.")
     for tag in _unknown_top_level_tags(body):
         notes.add(Issue.UNKNOWN_TAG, f"Unknown tag <{_clip(tag)}> ignored: use only analysis, plan, commands, task_complete.")
-    present = [sections[name] for name in SECTIONS if sections[name] is not None]
-    found = sorted(present, key=lambda section: section.open_at)
-    if found != present:
+    present = [section for section in map(sections.get, SECTIONS) if section is not None]
+    starts = [section.open_at for section in present]
+    if starts != sorted(starts):
+        found = sorted(present, key=lambda section: section.open_at)
         notes.add(
             Issue.SECTION_ORDER,
             "Sections are out of order: found "
@@ -342,9 +342,8 @@ def _check_layout(body: str, sections: dict[str, _Section | None], notes: _Notes
         )
 
 
-def _opens_again(body: str, name: str, after: int) -> bool:
-    """Whether another <name> or <name .../> opens after the first section ends."""
-    prefix = f"<{name}"
+def _opens_again(body: str, prefix: str, after: int) -> bool:
+    """Whether another <name> or <name .../> (``prefix`` is "<name") opens after the first section ends."""
     at = body.find(prefix, after)
     while at != -1:
         follow = body[at + len(prefix) : at + len(prefix) + 1]
@@ -389,10 +388,13 @@ def _past_closing(body: str, name: str, start: int, closings: dict[str, int]) ->
 
 def _commands(text: str, elements: list[_Element], notes: _Notes) -> tuple[Command, ...]:
     """One command per element, keystrokes exactly as written."""
-    return tuple(
-        Command(text[e.content_start : e.content_end], _duration(e.attrs, number, notes))
-        for number, e in enumerate(elements, start=1)
-    )
+    commands = []
+    for number, element in enumerate(elements, start=1):
+        reading = _read_attributes(element.attrs)
+        for kind, message in reading.issues:
+            notes.add(kind, f"Command {number}: {message}")
+        commands.append(Command(text[element.content_start : element.content_end], reading.seconds))
+    return tuple(commands)
 
 
 def _check_commands(content: str, commands: tuple[Command, ...], complete: bool, notes: _Notes) -> None:
@@ -429,53 +431,63 @@ def _check_commands(content: str, commands: tuple[Command, ...], complete: bool,
         )
 
 
-def _duration(attrs: str, number: int, notes: _Notes) -> float:
-    """The command's wait in seconds from its attribute list; 1.0 with a warning when unusable."""
-    pairs, syntax_error = _parse_attributes(attrs)
+@dataclass(frozen=True)
+class _Reading:
+    """What a <keystrokes> attribute list says, and what to tell the model about it."""
+
+    seconds: float
+    well_formed: bool
+    issues: tuple[tuple[Issue, str], ...]  # messages lack their "Command N: " prefix
+
+
+def _read_attributes(attrs: str) -> _Reading:
+    """Read an attribute list. Opening tags repeat almost verbatim, so short ones are memoised."""
+    if len(attrs) <= _CACHED_ATTRS_MAX_LEN:
+        return _read_attributes_cached(attrs)
+    return _read_attributes_uncached(attrs)
+
+
+def _read_attributes_uncached(attrs: str) -> _Reading:
+    pairs, syntax_error = _xml_attributes(attrs)
+    issues: list[tuple[Issue, str]] = []
     if syntax_error is not None:
-        notes.add(
-            Issue.BAD_ATTRIBUTES,
-            f'Command {number}: write attributes as name="value" ({syntax_error}).',
-        )
+        issues.append((Issue.BAD_ATTRIBUTES, f'write attributes as name="value" ({syntax_error}).'))
     values: dict[str, str] = {}
     for name, value in pairs:  # the first of repeated attributes wins
         values.setdefault(name, value)
-    for name in values:
-        if name != "duration":
-            notes.add(Issue.UNKNOWN_ATTRIBUTE, f"Command {number}: unknown attribute '{_clip(name)}'; only duration is read.")
-    raw = values.get("duration")
+    issues += [
+        (Issue.UNKNOWN_ATTRIBUTE, f"unknown attribute '{_clip(name)}'; only duration is read.")
+        for name in values
+        if name != "duration"
+    ]
+    seconds = _seconds(values.get("duration"), issues)
+    return _Reading(seconds, syntax_error is None, tuple(issues))
+
+
+_read_attributes_cached = functools.lru_cache(maxsize=512)(_read_attributes_uncached)
+
+
+def _seconds(raw: str | None, issues: list[tuple[Issue, str]]) -> float:
+    """The wait a duration value asks for; 1.0 (with an issue) when it is missing or unusable."""
     if raw is None:
-        notes.add(Issue.MISSING_DURATION, f'Command {number}: no duration="seconds" attribute; using 1.0 s.')
+        issues.append((Issue.MISSING_DURATION, 'no duration="seconds" attribute; using 1.0 s.'))
         return DEFAULT_DURATION
     try:
         seconds = float(raw)
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0:
-        notes.add(
-            Issue.INVALID_DURATION,
-            f"Command {number}: duration {_clip(raw)!r} is not a number of seconds >= 0; using 1.0 s.",
-        )
+        issues.append((Issue.INVALID_DURATION, f"duration {_clip(raw)!r} is not a number of seconds >= 0; using 1.0 s."))
         return DEFAULT_DURATION
     if seconds > MAX_COMMAND_DURATION:
-        notes.add(
-            Issue.DURATION_CAPPED,
-            f"Command {number}: waits stop at {MAX_COMMAND_DURATION:g} s; check again later to wait longer.",
+        issues.append(
+            (Issue.DURATION_CAPPED, f"waits stop at {MAX_COMMAND_DURATION:g} s; check again later to wait longer.")
         )
     return seconds
 
 
-def _parse_attributes(attrs: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """Attributes of an opening tag, read by lxml; the error text if the list is not valid XML.
-
-    Opening tags repeat almost verbatim from command to command, so short ones are memoised.
-    """
-    if len(attrs) <= _CACHED_ATTRS_MAX_LEN:
-        return _parse_attributes_cached(attrs)
-    return _parse_attributes_uncached(attrs)
-
-
-def _parse_attributes_uncached(attrs: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+def _xml_attributes(attrs: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """Attributes of an opening tag, read by lxml; the error text if the list is not valid XML."""
     try:
         element = etree.fromstring(f"<keystrokes{attrs}/>", _ATTR_PARSER)
         if element.tag == "keystrokes":
@@ -487,9 +499,6 @@ def _parse_attributes_uncached(attrs: str) -> tuple[tuple[tuple[str, str], ...],
         reason = str(exc)
     # Not XML, but a quoted duration="..." among the debris still counts, as it does for Harbor.
     return tuple((m["name"], m["value"]) for m in _QUOTED_ATTR.finditer(attrs)), f"lxml: {_clip(reason)}"
-
-
-_parse_attributes_cached = functools.lru_cache(maxsize=512)(_parse_attributes_uncached)
 
 
 def _clip(text: str) -> str:
