@@ -7,7 +7,6 @@ and `grading` and the environment read only this record, never the files' format
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,12 +88,6 @@ class Task:
         )
 
 
-def image_name(task: Task) -> str:
-    """A Docker repository name for the task's built image (lowercase, no odd characters)."""
-    slug = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-._") or "task"
-    return f"terminus-env/task-{slug}"
-
-
 async def task_image(task: Task) -> str:
     """The image tag to start this task from: its prebuilt image, or its build context built (or reused)."""
     if task.docker_image is not None:
@@ -103,4 +96,4 @@ async def task_image(task: Task) -> str:
         raise TaskError(f"{task.path}: task has neither a build context nor [environment] docker_image")
     from terminus_env.sandbox import ensure_image
 
-    return await asyncio.to_thread(ensure_image, task.build_context, image_name(task), task.build_timeout_s)
+    return await asyncio.to_thread(ensure_image, task.build_context, task.name, task.build_timeout_s)

@@ -1,0 +1,218 @@
+"""Grading and the oracle on a real Docker engine, with hand-written tasks in both formats."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from terminus_env.tasks import Task, apply_oracle, find_task, grade, load_task, task_image
+from terminus_env.tasks.check import check_task, run_check
+
+pytestmark = pytest.mark.usefixtures("docker_required")
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+HARBOR_TEST = """#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /app/out.txt 2>/dev/null)" = "hello" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+echo "checked by $CHECKER"
+"""
+TB1_TEST = """
+from pathlib import Path
+
+
+def test_marker_exists():
+    assert Path("/app/done").exists()
+
+
+def test_marker_content():
+    assert Path("/app/done").read_text() == "yes\\n"
+"""
+
+
+def harbor_task(root: Path, *, test_sh: str = HARBOR_TEST, verifier_timeout: int = 60, solve: str | None = None) -> Path:
+    folder = root / "tiny-harbor"
+    write(folder / "task.toml", (
+        "[agent]\ntimeout_sec = 60\n"
+        f"[verifier]\ntimeout_sec = {verifier_timeout}\nenv = {{ CHECKER = \"the-verifier\" }}\n"
+        "[environment]\ncpus = 1\nmemory_mb = 512\nallow_internet = false\nworkdir = \"/app\"\n"
+    ))  # fmt: skip
+    write(folder / "instruction.md", "Write hello to /app/out.txt.\n")
+    write(folder / "environment" / "Dockerfile", "FROM terminus-env/base:bookworm\nRUN mkdir -p /app\n")
+    write(folder / "tests" / "test.sh", test_sh)
+    write(folder / "solution" / "solve.sh", solve or "cat /solution/answer.txt > /app/out.txt\n")
+    write(folder / "solution" / "answer.txt", "hello\n")
+    return folder
+
+
+def tb1_task(root: Path) -> Path:
+    folder = root / "tiny-tb1"
+    write(folder / "task.yaml", "instruction: Create /app/done containing yes.\nmax_test_timeout_sec: 60\n")
+    write(folder / "Dockerfile", "FROM terminus-env/base:bookworm\nRUN mkdir -p /app\n")
+    write(folder / "run-tests.sh", "#!/bin/bash\ncd $TEST_DIR && python3 -m pytest -p no:cacheprovider -rA test_outputs.py\n")
+    write(folder / "tests" / "test_outputs.py", TB1_TEST)
+    write(folder / "solution.sh", "echo yes > /app/done\n")
+    return folder
+
+
+async def started(task: Task):  # noqa: ANN201 - a Sandbox, imported lazily like the package does
+    from terminus_env.sandbox import Sandbox
+
+    return await Sandbox.start(task.sandbox_spec(await task_image(task)))
+
+
+def with_verifier(task: Task, root: Path, script: str, timeout: float | None = None) -> Task:
+    """The same task (and image) with another tests/test.sh, so one container can be graded several ways."""
+    tests = root / f"tests-{abs(hash(script))}"
+    write(tests / "test.sh", script)
+    changes = {"tests_dir": tests, "verifier_script": tests / "test.sh"}
+    if timeout is not None:
+        changes["verifier_timeout_s"] = timeout
+    return dataclasses.replace(task, **changes)
+
+
+def run(coro):  # noqa: ANN001, ANN201
+    return asyncio.run(coro)
+
+
+def test_harbor_oracle_earns_1_and_nothing_earns_0(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        nothing, oracle = await started(task), await started(task)
+        try:
+            for sandbox in (nothing, oracle):
+                for hidden in ("/tests", "/solution"):
+                    probe = await sandbox.exec(f"test -e {hidden}", timeout=10)
+                    assert probe.exit_code == 1, f"{hidden} visible before grading"
+            applied = await apply_oracle(oracle, task)
+            assert applied.exit_code == 0 and not applied.timed_out, applied.output
+            good, bad = await grade(oracle, task), await grade(nothing, task)
+            assert (good.reward, good.reason, good.timed_out) == (1.0, None, False)
+            assert (bad.reward, bad.reason) == (0.0, None)
+            assert "checked by the-verifier" in good.output  # the verifier env reached test.sh
+            log = await oracle.read_file("/logs/verifier/test-stdout.txt")
+            assert log is not None and b"checked by the-verifier" in log
+        finally:
+            await nothing.close()
+            await oracle.close()
+
+    run(scenario())
+
+
+def test_tb1_oracle_earns_1_and_nothing_earns_0(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(tb1_task(tmp_path))
+        nothing, oracle = await started(task), await started(task)
+        try:
+            assert (await apply_oracle(oracle, task)).exit_code == 0
+            good, bad = await grade(oracle, task), await grade(nothing, task)
+            assert (good.reward, good.reason) == (1.0, None), good.output
+            assert bad.reward == 0.0 and "2 of 2 tests failed" in (bad.reason or ""), bad.output
+        finally:
+            await nothing.close()
+            await oracle.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("script", "reward", "reason"),
+    [
+        ("echo '{\"reward\": 0.25, \"style\": 1}' > /logs/verifier/reward.json", 0.25, None),
+        ("echo '{\"a\": 1, \"b\": 0, \"c\": 0.5}' > /logs/verifier/reward.json", 0.5, None),
+        ("echo '{\"a\": \"yes\"}' > /logs/verifier/reward.json", 0.0, "not finite numbers"),
+        ("echo 'not json' > /logs/verifier/reward.json", 0.0, "not valid JSON"),
+        ("echo ' 0.75 ' > /logs/verifier/reward.txt", 0.75, None),
+        ("echo 'pass' > /logs/verifier/reward.txt", 0.0, "does not hold a number"),
+        ("echo 'no reward written'", 0.0, "neither /logs/verifier/reward.txt nor"),
+    ],
+)
+def test_reward_files(tmp_path: Path, script: str, reward: float, reason: str | None) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            result = await grade(sandbox, with_verifier(task, tmp_path, script))
+        finally:
+            await sandbox.close()
+        assert result.reward == reward
+        assert (result.reason is None) if reason is None else (reason in (result.reason or ""))
+
+    run(scenario())
+
+
+def test_stale_reward_from_the_episode_is_ignored(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            await sandbox.exec("mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt", timeout=10)
+            await sandbox.exec("echo 'echo 1 > /logs/verifier/reward.txt' > /tests/fake.sh", timeout=10)
+            result = await grade(sandbox, with_verifier(task, tmp_path, "echo 'I write no reward'"))
+            assert result.reward == 0.0 and "neither" in (result.reason or "")
+            assert await sandbox.read_file("/tests/fake.sh") is None  # /tests holds only the task's tests
+        finally:
+            await sandbox.close()
+
+    run(scenario())
+
+
+def test_verifier_timeout(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            slow = with_verifier(task, tmp_path, "echo 1 > /logs/verifier/reward.txt; sleep 60", timeout=2)
+            result = await grade(sandbox, slow)
+        finally:
+            await sandbox.close()
+        assert result.timed_out and result.reward == 0.0
+        assert "timed out after 2s" in (result.reason or "")
+        assert result.duration_s < 30
+
+    run(scenario())
+
+
+def test_grading_works_while_the_agent_left_a_command_running(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            await sandbox.terminal.send("echo hello > /app/out.txt; sleep 1000\n", 0.5)
+            result = await grade(sandbox, task)
+        finally:
+            await sandbox.close()
+        assert result.reward == 1.0
+
+    run(scenario())
+
+
+def test_shipped_hello_world_passes_both_checks() -> None:
+    outcomes = run(check_task(find_task("hello-world").path, lambda _: None))
+    assert [(o.check, o.reward, o.passed) for o in outcomes] == [("nop", 0.0, True), ("oracle", 1.0, True)]
+
+
+def test_check_fails_a_task_whose_oracle_does_not_solve_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = tmp_path / "suite"
+    harbor_task(suite, solve="echo 'forgot to write the file'\n")
+    assert run_check(suite, jobs=2) == 1
+    out = capsys.readouterr().out
+    assert "FAIL oracle tiny-harbor  reward=0" in out
+    assert "0/1 tasks valid" in out
+
+
+def test_check_passes_a_valid_suite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = tmp_path / "suite"
+    harbor_task(suite)
+    tb1_task(suite)
+    assert run_check(suite, jobs=2) == 0
+    out = capsys.readouterr().out
+    assert "2/2 tasks valid" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]
+    assert rows == [["tiny-harbor", "0", "1", "ok"], ["tiny-tb1", "0", "1", "ok"]]
