@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from terminus_env.tasks.grading import apply_oracle, grade
-from terminus_env.tasks.loader import load_task, task_dirs
+from terminus_env.tasks.loader import load_task, shipped_tasks_dir, task_dirs
 from terminus_env.tasks.task import Task, TaskError, task_image
 
 if TYPE_CHECKING:
@@ -36,13 +36,13 @@ class CheckOutcome:
     detail: str = ""
 
 
-def run_check(folder: Path, jobs: int = 4, names: list[str] | None = None) -> int:
-    """Check every task in `folder` (or only `names`), `jobs` tasks at once; 0 when all pass."""
+def run_check(folder: Path | None, jobs: int = 4, names: list[str] | None = None) -> int:
+    """Check every task in `folder` (default: the shipped suite), or only `names`, `jobs` tasks at once; 0 when all pass."""
     if jobs < 1:
         print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
         return 2
     try:
-        paths = _select(Path(folder), names)
+        paths = _select(shipped_tasks_dir() if folder is None else Path(folder), names)
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -52,10 +52,10 @@ def run_check(folder: Path, jobs: int = 4, names: list[str] | None = None) -> in
     return 0 if outcomes and all(o.passed for o in outcomes) else 1
 
 
-def print_task_table(folder: Path) -> None:
-    """The suite at a glance: name, category, difficulty, agent timeout."""
+def print_task_table(folder: Path | None = None) -> None:
+    """The suite at a glance (default: the shipped one): name, category, difficulty, agent timeout."""
     rows = []
-    for path in task_dirs(Path(folder)):
+    for path in task_dirs(shipped_tasks_dir() if folder is None else Path(folder)):
         try:
             task = load_task(path)
         except TaskError as exc:
@@ -113,13 +113,11 @@ async def check_task(path: Path, report: Callable[[CheckOutcome], None]) -> list
 
 async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
     """A fresh container; the oracle applied if `check` is "oracle"; then graded."""
-    from terminus_env.sandbox import Sandbox
-
     start = time.monotonic()
     sandbox = None
     detail = ""
     try:
-        sandbox = await Sandbox.start(task.sandbox_spec(image))
+        sandbox = await _start_sandbox(task, image)
         if check == "oracle":
             detail = await _apply_oracle(sandbox, task)
         result = await grade(sandbox, task)
@@ -132,6 +130,17 @@ async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
     if not passed:
         detail = "; ".join(x for x in (detail, result.reason, _one_line(result.output[-300:])) if x)
     return CheckOutcome(task.name, check, result.reward, passed, time.monotonic() - start, detail)
+
+
+async def _start_sandbox(task: Task, image: str) -> Sandbox:
+    """Start the task's container, once more if its terminal died while starting (seen under heavy build load)."""
+    from terminus_env.sandbox import Sandbox, TerminalGone
+
+    try:
+        return await Sandbox.start(task.sandbox_spec(image))
+    except TerminalGone as exc:
+        print(f"warning: {task.name}: the sandbox's terminal died while starting ({exc}); retrying once", file=sys.stderr)
+        return await Sandbox.start(task.sandbox_spec(image))
 
 
 async def _apply_oracle(sandbox: Sandbox, task: Task) -> str:

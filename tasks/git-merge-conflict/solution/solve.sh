@@ -1,0 +1,7 @@
+#!/bin/bash
+cd /app/service
+git merge feature/cache || true
+printf '[server]\nport = 8000\nworkers = 8\n\n[cache]\nenabled = true\nbackend = redis\nttl_seconds = 300\n' > settings.ini
+git add settings.ini
+git commit --no-edit
+git log --oneline --graph
