@@ -10,7 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-DEFAULT_TASKS = Path(__file__).resolve().parent.parent / "tasks"
 
 
 def _cmd_images_base(args: argparse.Namespace) -> int:
@@ -71,12 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     tasks = sub.add_parser("tasks", help="inspect and validate task suites")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
     check = tasks_sub.add_parser("check", help="oracle earns 1 and doing nothing earns 0, for every task")
-    check.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    check.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
     check.add_argument("--name", action="append", help="check only this task (repeatable)")
     check.set_defaults(func=_cmd_tasks_check)
     listing = tasks_sub.add_parser("list", help="print the suite: name, category, difficulty")
-    listing.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    listing.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     listing.set_defaults(func=_cmd_tasks_list)
 
     serve = sub.add_parser(
@@ -94,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", nargs="?", type=Path, default=DEFAULT_TASKS)
+    parser.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     parser.add_argument("--base-url", action="append", help="an OpenAI-compatible server (repeatable, one per replica)")
     parser.add_argument("--model", help="model name sent to the server")
     parser.add_argument("--oracle", action="store_true", help="reply with each task's solution instead of a model")
@@ -112,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:  # argparse's REMAINDER drops a leading --option, so hand the rest over whole
         return _cmd_serve(argparse.Namespace(serve_args=argv[1:]))
     args = build_parser().parse_args(argv)
+    if getattr(args, "folder", ...) is None:
+        from terminus_env.tasks import shipped_tasks_dir
+
+        args.folder = shipped_tasks_dir()
     return int(args.func(args) or 0)
 
 
