@@ -105,8 +105,8 @@ def test_adaptive_starts_from_the_prior_and_never_exceeds_the_pipeline_cap() -> 
 def test_adaptive_learns_capacity_from_the_first_scrape() -> None:
     adm = adaptive()
     assert adm.limit == 1  # nothing known yet
-    observe(adm, 3)
-    assert adm.limit == 20
+    observe(adm, 1)
+    assert adm.limit == 20  # the first capacity figure is taken at once
 
 
 def test_adaptive_shrinks_as_live_traces_grow_and_grows_when_they_finish() -> None:

@@ -25,7 +25,12 @@ def drain(replica: SimReplica) -> list[float]:
 
 
 def step_time(cfg: SimConfig, tokens: int, seqs: int, context: int) -> float:
-    return cfg.step_base_s + cfg.step_per_token_s * tokens + cfg.step_per_seq_s * seqs + cfg.step_per_context_token_s * context
+    """One sequence's step: ``tokens`` new tokens ending at position ``context``."""
+    pairs = tokens * (context - tokens) + tokens * (tokens + 1) // 2
+    return (
+        cfg.step_base_s + cfg.step_per_token_s * tokens + cfg.step_per_seq_s * seqs
+        + cfg.step_per_context_token_s * context + cfg.step_per_token_pair_s * pairs
+    )
 
 
 def test_one_request_allocates_per_block_and_generates_one_token_per_step() -> None:

@@ -178,6 +178,7 @@ class AdaptiveAdmission(Admission):
         self._pending_dir = 0
         self._pending_count = 0
         self._limit = self._initial_limit()
+        self._calibrated = kv_capacity_tokens is not None
 
     @property
     def limit(self) -> int:
@@ -226,7 +227,10 @@ class AdaptiveAdmission(Admission):
             if self._quiet >= self.recover_after and self._scale < 1.0:
                 self._scale = min(1.0, self._scale + self.recover_step)
                 self._quiet = 0
-        self._update_limit(self.desired_limit(), urgent=preempted)
+        if not self._calibrated and self._capacity is not None:
+            self._limit, self._calibrated = self.desired_limit(), True  # the first real figure: take it
+        else:
+            self._update_limit(self.desired_limit(), urgent=preempted)
         self._wake()
 
     def _preemptions_rose(self, metrics: Mapping[str, EngineMetrics]) -> bool:

@@ -47,10 +47,13 @@ class SimConfig:
     """Engine arguments and the step-time model.
 
     A step lasts ``step_base_s + step_per_token_s × scheduled tokens + step_per_seq_s × scheduled
-    sequences + step_per_context_token_s × tokens attended``. Scheduled tokens are the uncached prompt
-    tokens of prefill chunks plus one per decoding sequence, so prefix-cache hits cost nothing; the
-    context term is the KV read by attention. Defaults are in the range of a 7-8B model in bf16 on one
-    H100-class GPU: ~8 ms per step at batch 1, ~35-40k prefill tokens/s, ~30 ms decode steps at batch 256.
+    sequences + step_per_context_token_s × KV tokens read + step_per_token_pair_s × (token, earlier
+    token) pairs attended``. Scheduled tokens are the uncached prompt tokens of prefill chunks plus one
+    per decoding sequence, so prefix-cache hits cost nothing. Each scheduled sequence reads its whole
+    context's KV once (memory-bound decode); each scheduled token attends to every earlier token
+    (compute-bound prefill, quadratic in its length). Defaults are in the range of a 7-8B model in bf16
+    on one H100-class GPU: ~8 ms per step at batch 1, ~35k prefill tokens/s at short context (a 32k
+    prompt in ~1.5 s), ~30 ms decode steps at batch 256.
     """
 
     num_gpu_blocks: int = 4096
@@ -63,6 +66,7 @@ class SimConfig:
     step_per_token_s: float = 25e-6
     step_per_seq_s: float = 50e-6
     step_per_context_token_s: float = 30e-9
+    step_per_token_pair_s: float = 1.3e-12
     vocab_size: int = 32000
 
     def __post_init__(self) -> None:
@@ -294,13 +298,14 @@ class SimReplica:
         if not scheduled:
             return 0.0
         cfg = self.config
-        tokens = context = 0
+        tokens = context = pairs = 0
         first: list[_Live] = []
         done: list[_Live] = []
         for live, n in scheduled:  # the hot loop: one pass per scheduled request
             tokens += n
             computed = live.num_computed + n
             context += computed
+            pairs += n * (computed - n) + n * (n + 1) // 2
             live.num_computed = computed
             if computed > live.max_computed:
                 live.max_computed = computed
@@ -316,6 +321,7 @@ class SimReplica:
             + cfg.step_per_token_s * tokens
             + cfg.step_per_seq_s * len(scheduled)
             + cfg.step_per_context_token_s * context
+            + cfg.step_per_token_pair_s * pairs
         )
         self.now += dt
         self._steps += 1
