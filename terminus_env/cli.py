@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 
-
 def _cmd_images_base(args: argparse.Namespace) -> int:
     from terminus_env.sandbox.images import ensure_base_image
 
