@@ -286,3 +286,31 @@ def test_ensure_image_builds_once_and_reports_failures(client: docker.DockerClie
         assert "about-to-fail" in str(failure.value)
     finally:
         client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("ending", ["return", "sigint"])
+def test_containers_are_removed_when_the_owner_exits(client: docker.DockerClient, ending: str) -> None:
+    script = _OWNER_SCRIPT.replace("await asyncio.sleep(600)", "await asyncio.sleep(0 if sys.argv[1] == 'return' else 600)")
+    child = subprocess.Popen([sys.executable, "-c", script, ending], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    container_id = child.stdout.readline().strip()  # type: ignore[union-attr]
+    if ending == "sigint":
+        child.send_signal(signal.SIGINT)
+    child.wait(timeout=30)
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_container(container_id)
+
+
+def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.DockerClient) -> None:
+    sandbox = run(Sandbox.start(SandboxSpec(SPEC.image, lifetime_s=2)))
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                client.api.inspect_container(sandbox.id)
+            except docker.errors.NotFound:
+                break
+            time.sleep(0.25)
+        else:
+            pytest.fail("the container outlived its lifetime_s by 18 s")
+    finally:
+        run(sandbox.close())

@@ -27,7 +27,7 @@ import time
 
 FIONREAD = 0x541B
 TIOCOUTQ = 0x5411
-POLL_S = 0.005
+POLL_S = 0.002
 
 
 def credentials(user):
@@ -248,25 +248,29 @@ def op_capture(req):
     """Lines from the anchor (absolute index: history size + cursor row at the last capture) to the screen's end.
 
     The position and the lines are read in one tmux command list, which tmux runs without
-    reading the pane in between; when output moved the position since it was looked up, retry.
+    reading the pane in between. The host's last known history size is the first guess of
+    where the anchor is; when output moved it, retry with the size just read.
     """
-    target, user = req["target"], req.get("user")
+    target, user, anchor = req["target"], req.get("user"), req.get("anchor")
     where = ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"]
-    code, out, err = run_tmux(req["tmux"] + where, user)
-    for _ in range(5):
+    history = req.get("history")
+    if history is None or anchor is None:
+        code, out, err = run_tmux(req["tmux"] + where, user)
         if code != 0:
             return {"rc": code, "err": err}
-        history, cursor = (int(value) for value in out.split()[:2])
-        anchor = req.get("anchor")
+        history = int(out.split()[0])
+    for _ in range(5):
         start = max(anchor - history, -history) if anchor is not None else 0
         capture = ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"]
         code, out, err = run_tmux(req["tmux"] + where + [";"] + capture + [";"] + where, user)
+        if code != 0:
+            return {"rc": code, "err": err}
         first, _, rest = out.partition("\n")
         text, _, last = rest.rstrip("\n").rpartition("\n")
-        if code == 0 and first == last == "%d %d" % (history, cursor):
-            return {"rc": 0, "text": text, "history": history, "cursor": cursor, "start": start}
-        out = last
-    return {"rc": 0, "text": "", "history": history, "cursor": cursor, "start": start, "moving": True}
+        if first == last and int(first.split()[0]) == history:
+            return {"rc": 0, "text": text, "history": history, "cursor": int(first.split()[1]), "start": start}
+        history = int(last.split()[0])
+    return {"rc": 0, "moving": True}
 
 
 def op_read(req):

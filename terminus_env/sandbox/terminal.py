@@ -45,6 +45,7 @@ class Terminal:
         self._pane_pid = pane_pid
         self._user = user
         self._anchor: tuple[int, str] | None = None  # (absolute line, its text) at the last capture
+        self._history: int | None = None  # the pane's history size at the last capture
 
     @classmethod
     async def start(cls, channel: Channel, *, user: str | None, workdir: str | None) -> Terminal:
@@ -76,12 +77,15 @@ class Terminal:
     async def capture_new(self) -> TerminalOutput:
         """Output since the last capture, or the current screen when none can be found."""
         anchor_line = self._anchor[0] if self._anchor else None
-        reply = await self._request("capture", 30, tmux=TMUX, target=TARGET, anchor=anchor_line)
+        reply = await self._request(
+            "capture", 30, tmux=TMUX, target=TARGET, anchor=anchor_line, history=self._history
+        )  # fmt: skip
         if reply.get("moving"):  # output kept scrolling while we looked: show the screen, re-anchor next time
             self._anchor = None
             return await self._screen_output()
         lines = reply["text"].rstrip("\n").split("\n")
         history, cursor = reply["history"], reply["cursor"]
+        self._history = history
         previous = self._anchor
         self._anchor = (history + cursor, _line(lines, cursor - reply["start"]).rstrip())
         if previous is None or _blank_after(lines, previous[1]):

@@ -1,0 +1,184 @@
+"""Sandbox speed, side by side with a Terminus-style baseline measured in the same run.
+
+Usage: .venv/bin/python bench/sandbox.py [--concurrency 32] [--commands 20]
+
+1. Terminal steps on ONE container: our control channel against the baseline Terminal-Bench and
+   Harbor use (a `docker exec` per tmux operation, then a sleep for the full duration).
+2. Container start: cold start against a reset from the warm pool.
+3. Concurrency: N sandboxes each running M commands; then a child that owns sandboxes is
+   SIGKILLed halfway, the reaper runs, and the containers left are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import docker
+
+from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxPool, SandboxSpec, reap
+from terminus_env.sandbox.owner import LABEL, PID_LABEL
+from terminus_env.sandbox.terminal import TARGET, TMUX
+
+SPEC = SandboxSpec(BASE_IMAGE)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.1f} ms"
+
+
+def row(label: str, ours: str, baseline: str = "", note: str = "") -> None:
+    print(f"  {label:<44} {ours:>14} {baseline:>14}   {note}")
+
+
+async def timed(action: Callable[[], Awaitable[object]], repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        await action()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def docker_exec(container: docker.models.containers.Container, argv: list[str]) -> str:
+    code, output = container.exec_run(argv)
+    if code != 0:
+        raise RuntimeError(f"{argv} exited with {code}: {output!r}")
+    return output.decode(errors="replace")
+
+
+async def baseline_step(container: docker.models.containers.Container, keys: str, duration: float) -> str:
+    """What Terminus does: send-keys in one docker exec, sleep the whole duration, capture in another."""
+    await asyncio.to_thread(docker_exec, container, [*TMUX, "send-keys", "-t", TARGET, "-l", "--", keys])
+    await asyncio.sleep(duration)
+    return await asyncio.to_thread(docker_exec, container, [*TMUX, "capture-pane", "-p", "-t", TARGET])
+
+
+async def terminal_steps(client: docker.DockerClient) -> None:
+    print("1. Terminal steps on one container (p50)                 terminus-env   docker exec/op")
+    sandbox = await Sandbox.start(SPEC, client=client)
+    container = client.containers.get(sandbox.id)
+    try:
+        bare = await timed(lambda: sandbox._channel.request("ping", 10), 200)
+        ours_op = await timed(sandbox.terminal.screen, 100)
+        exec_op = await timed(lambda: asyncio.to_thread(docker_exec, container, [*TMUX, "capture-pane", "-p"]), 20)
+        row("bare round trip on the channel", ms(statistics.median(bare)))
+        row("one tmux operation (capture-pane)", ms(statistics.median(ours_op)), ms(statistics.median(exec_op)),
+            "target <= 10 ms")  # fmt: skip
+
+        async def our_step(keys: str, duration: float) -> None:
+            await sandbox.terminal.send(keys, duration)
+            await sandbox.terminal.capture_new()
+
+        await sandbox.terminal.capture_new()
+        ours_echo = await timed(lambda: our_step("echo hi\n", 1.0), 20)
+        base_echo = await timed(lambda: baseline_step(container, "echo hi\n", 1.0), 5)
+        await sandbox.terminal.capture_new()
+        speedup = statistics.median(base_echo) / statistics.median(ours_echo)
+        cheaper = statistics.median(ours_echo) < statistics.median(exec_op)
+        row("step `echo hi`, duration 1.0", ms(statistics.median(ours_echo)), ms(statistics.median(base_echo)),
+            f"{speedup:.0f}x faster (target >= 30x); cheaper than one docker exec: {cheaper}")  # fmt: skip
+        ours_sleep = await timed(lambda: our_step("sleep 2\n", 5.0), 3)
+        base_sleep = await timed(lambda: baseline_step(container, "sleep 2\n", 5.0), 1)
+        over = statistics.median(ours_sleep) - 2.0
+        row("step `sleep 2`, duration 5.0", ms(statistics.median(ours_sleep)), ms(statistics.median(base_sleep)),
+            f"{over * 1000:.0f} ms over 2 s (target <= 100 ms)")  # fmt: skip
+    finally:
+        await sandbox.close()
+
+
+async def container_start(client: docker.DockerClient) -> None:
+    print("2. Container start (p50)                                 warm pool      cold start")
+    cold = []
+    for _ in range(5):
+        started = time.perf_counter()
+        sandbox = await Sandbox.start(SPEC, client=client)
+        cold.append(time.perf_counter() - started)
+        await sandbox.close()
+    takes = []
+    async with SandboxPool(warm_per_spec=1, client=client) as pool:
+        await pool.release(await pool.acquire(SPEC))
+        for _ in range(10):
+            await pool.wait_warm()
+            started = time.perf_counter()
+            sandbox = await pool.acquire(SPEC)
+            takes.append(time.perf_counter() - started)
+            await pool.release(sandbox)
+    row("reset (acquire a ready sandbox)", ms(statistics.median(takes)), ms(statistics.median(cold)),
+        "target <= 50 ms")  # fmt: skip
+
+
+async def one_worker(client: docker.DockerClient, commands: int) -> int:
+    sandbox = await Sandbox.start(SPEC, client=client)
+    try:
+        await sandbox.terminal.capture_new()
+        done = 0
+        for index in range(commands):
+            await sandbox.terminal.send(f"echo step-{index}\n", 10)
+            done += f"step-{index}" in (await sandbox.terminal.capture_new()).text
+        return done
+    finally:
+        await sandbox.close()
+
+
+def owned_by(client: docker.DockerClient, pid: int) -> int:
+    return len(client.api.containers(all=True, filters={"label": [LABEL, f"{PID_LABEL}={pid}"]}))
+
+
+async def concurrency(client: docker.DockerClient, workers: int, commands: int) -> None:
+    print(f"3. Concurrency: {workers} sandboxes x {commands} commands on {os.cpu_count()} cores")
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one_worker(client, commands) for _ in range(workers)), return_exceptions=True)
+    elapsed = time.perf_counter() - started
+    ok = sum(result for result in results if isinstance(result, int))
+    errors = [result for result in results if isinstance(result, BaseException)]
+    row("commands that succeeded", f"{ok}/{workers * commands}", "", f"{len(errors)} errors" + (
+        f": {errors[0]!r}" if errors else ""))  # fmt: skip
+    row("steps per second (incl. starts and closes)", f"{ok / elapsed:10.1f}", "", f"{elapsed:.1f} s in all")
+    row("containers left after close", str(owned_by(client, os.getpid())))
+
+    child = subprocess.Popen([sys.executable, __file__, "--child", str(workers // 2)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("halfway"):
+            break
+    running = owned_by(client, child.pid)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    removed = reap(client=client)
+    row("SIGKILLed child: containers before the kill", str(running))
+    row("containers left after SIGKILL + reaper", str(owned_by(client, child.pid)), "", f"reaper removed {removed}")
+
+
+async def child(count: int) -> None:
+    """Owns sandboxes and keeps them busy until the parent SIGKILLs it."""
+    sandboxes = await asyncio.gather(*(Sandbox.start(SPEC) for _ in range(count)))
+    await asyncio.gather(*(sandbox.terminal.send("echo busy\n", 5) for sandbox in sandboxes))
+    print("halfway", flush=True)
+    await asyncio.gather(*(sandbox.terminal.send("sleep 600\n", 60) for sandbox in sandboxes))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--commands", type=int, default=20)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        await child(args.child)
+        return
+    client = docker.from_env()
+    await terminal_steps(client)
+    await container_start(client)
+    await concurrency(client, args.concurrency, args.commands)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
