@@ -36,16 +36,16 @@ def test_marker_content():
 """
 
 
-def harbor_task(root: Path, *, test_sh: str = HARBOR_TEST, verifier_timeout: int = 60, solve: str | None = None) -> Path:
+def harbor_task(root: Path, *, solve: str | None = None) -> Path:
     folder = root / "tiny-harbor"
     write(folder / "task.toml", (
         "[agent]\ntimeout_sec = 60\n"
-        f"[verifier]\ntimeout_sec = {verifier_timeout}\nenv = {{ CHECKER = \"the-verifier\" }}\n"
+        "[verifier]\ntimeout_sec = 60\nenv = { CHECKER = \"the-verifier\" }\n"
         "[environment]\ncpus = 1\nmemory_mb = 512\nallow_internet = false\nworkdir = \"/app\"\n"
     ))  # fmt: skip
     write(folder / "instruction.md", "Write hello to /app/out.txt.\n")
     write(folder / "environment" / "Dockerfile", "FROM terminus-env/base:bookworm\nRUN mkdir -p /app\n")
-    write(folder / "tests" / "test.sh", test_sh)
+    write(folder / "tests" / "test.sh", HARBOR_TEST)
     write(folder / "solution" / "solve.sh", solve or "cat /solution/answer.txt > /app/out.txt\n")
     write(folder / "solution" / "answer.txt", "hello\n")
     return folder
@@ -55,7 +55,8 @@ def tb1_task(root: Path) -> Path:
     folder = root / "tiny-tb1"
     write(folder / "task.yaml", "instruction: Create /app/done containing yes.\nmax_test_timeout_sec: 60\n")
     write(folder / "Dockerfile", "FROM terminus-env/base:bookworm\nRUN mkdir -p /app\n")
-    write(folder / "run-tests.sh", "#!/bin/bash\ncd $TEST_DIR && python3 -m pytest -p no:cacheprovider -rA test_outputs.py\n")
+    run_tests = "#!/bin/bash\ncd $TEST_DIR && python3 -m pytest -p no:cacheprovider -rA test_outputs.py\n"
+    write(folder / "run-tests.sh", run_tests)
     write(folder / "tests" / "test_outputs.py", TB1_TEST)
     write(folder / "solution.sh", "echo yes > /app/done\n")
     return folder

@@ -37,12 +37,15 @@ class CheckOutcome:
 
 
 def run_check(folder: Path | None, jobs: int = 4, names: list[str] | None = None) -> int:
-    """Check every task in `folder` (default: the shipped suite), or only `names`, `jobs` tasks at once; 0 when all pass."""
+    """Check the tasks in `folder` (default: the shipped suite; only `names` if given), `jobs` at once.
+
+    Returns the exit code: 0 when every task passes both checks.
+    """
     if jobs < 1:
         print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
         return 2
     try:
-        paths = _select(shipped_tasks_dir() if folder is None else Path(folder), names)
+        paths = task_dirs(shipped_tasks_dir() if folder is None else Path(folder), names)
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -66,17 +69,6 @@ def print_task_table(folder: Path | None = None) -> None:
     _print_table(("name", "category", "difficulty", "agent timeout"), rows, sys.stdout)
 
 
-def _select(folder: Path, names: list[str] | None) -> list[Path]:
-    paths = task_dirs(folder)
-    if not names:
-        return paths
-    by_name = {p.name: p for p in paths}
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise TaskError(f"{folder}: no task named {', '.join(missing)}; known: {', '.join(by_name)}")
-    return [by_name[n] for n in names]
-
-
 async def check_tasks(
     paths: list[Path], jobs: int, report: Callable[[CheckOutcome], None] = lambda _: None
 ) -> list[CheckOutcome]:
@@ -85,8 +77,7 @@ async def check_tasks(
 
     async def one(path: Path) -> list[CheckOutcome]:
         async with semaphore:
-            outcomes = await check_task(path, report)
-        return outcomes
+            return await check_task(path, report)
 
     results = await asyncio.gather(*(one(p) for p in paths))
     return [o for task_outcomes in results for o in task_outcomes]
@@ -133,13 +124,13 @@ async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
 
 
 async def _start_sandbox(task: Task, image: str) -> Sandbox:
-    """Start the task's container, once more if its terminal died while starting (seen under heavy build load)."""
+    """Start the task's container; again if its terminal died while starting (seen once under heavy build load)."""
     from terminus_env.sandbox import Sandbox, TerminalGone
 
     try:
         return await Sandbox.start(task.sandbox_spec(image))
     except TerminalGone as exc:
-        print(f"warning: {task.name}: the sandbox's terminal died while starting ({exc}); retrying once", file=sys.stderr)
+        print(f"warning: {task.name}: the terminal died while starting ({exc}); retrying once", file=sys.stderr)
         return await Sandbox.start(task.sandbox_spec(image))
 
 

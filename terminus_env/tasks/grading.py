@@ -48,7 +48,8 @@ class GradeResult:
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     """Copy the tests in, run the verifier once, and read its reward."""
     start = time.monotonic()
-    await _prepare(sandbox, f"rm -rf {TESTS_DIR} && mkdir -p {TESTS_DIR} {VERIFIER_LOGS} && rm -f {REWARD_TXT} {REWARD_JSON}")
+    # A reward or a /tests left behind by the episode must not count.
+    await _prepare(sandbox, f"rm -rf {TESTS_DIR} {REWARD_TXT} {REWARD_JSON} && mkdir -p {TESTS_DIR} {VERIFIER_LOGS}")
     if task.tests_dir.is_dir():
         await sandbox.put_dir(task.tests_dir, TESTS_DIR)
     if task.source_format == "terminal-bench-1":
@@ -135,12 +136,13 @@ def pytest_reward(output: str) -> tuple[float, str | None]:
     if outcomes:
         bad = [o for o in outcomes if o in {"FAILED", "ERROR"}]
         if bad or "PASSED" not in outcomes:
-            return 0.0, f"pytest: {len(bad)} of {len(outcomes)} tests failed or errored, {outcomes.count('PASSED')} passed"
+            passed = outcomes.count("PASSED")
+            return 0.0, f"pytest: {len(bad)} of {len(outcomes)} tests failed or errored, {passed} passed"
         return 1.0, None
     summaries = _PYTEST_SUMMARY.findall(output)
     if not summaries:
         return 0.0, "no pytest summary in the verifier output"
-    counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in _PYTEST_COUNT.findall(summaries[-1])}
+    counts = {kind.rstrip("s"): int(n) for n, kind in _PYTEST_COUNT.findall(summaries[-1])}
     if counts.get("passed", 0) == 0 or counts.get("failed", 0) or counts.get("error", 0):
         return 0.0, f"pytest: {summaries[-1]}"
     return 1.0, None

@@ -56,17 +56,23 @@ def is_task_dir(path: Path) -> bool:
     return (path / "task.toml").is_file() or (path / "task.yaml").is_file()
 
 
-def task_dirs(folder: Path) -> list[Path]:
-    """The task folders directly inside `folder`, sorted by name."""
+def task_dirs(folder: Path, names: list[str] | None = None) -> list[Path]:
+    """The task folders directly inside `folder` (only those called `names`, in that order, if given)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise TaskError(f"{folder}: not a folder of tasks")
-    return sorted((p for p in folder.iterdir() if p.is_dir() and is_task_dir(p)), key=lambda p: p.name)
+    found = {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and is_task_dir(p)}
+    if not names:
+        return list(found.values())
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise TaskError(f"{folder}: no task named {', '.join(missing)}; known: {', '.join(found) or 'none'}")
+    return [found[name] for name in names]
 
 
-def load_tasks(folder: Path) -> list[Task]:
-    """Every task in `folder`, sorted by name; the first broken one raises `TaskError`."""
-    return [load_task(path) for path in task_dirs(folder)]
+def load_tasks(folder: Path, names: list[str] | None = None) -> list[Task]:
+    """Every task in `folder` sorted by name (or those called `names`); the first broken one raises `TaskError`."""
+    return [load_task(path) for path in task_dirs(folder, names)]
 
 
 def load_task(path: Path) -> Task:

@@ -1,0 +1,67 @@
+"""Reading rewards from verifier files and pytest output, without Docker."""
+
+from __future__ import annotations
+
+import pytest
+
+from terminus_env.tasks.grading import parse_reward_json, parse_reward_txt, pytest_reward
+
+RA_OUTPUT = """============================= test session starts ==============================
+collected 2 items
+
+test_outputs.py .F                                                       [100%]
+=========================== short test summary info ============================
+PASSED test_outputs.py::test_a
+{second} test_outputs.py::test_b - assert False
+========================= 1 failed, 1 passed in 0.02s =========================
+"""
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [(b"1\n", 1.0), (b" 0.5 ", 0.5), (b"0", 0.0), (b"nan", 0.0), (b"one", 0.0), (b"\xff", 0.0), (b"", 0.0)],
+)
+def test_reward_txt(data: bytes, expected: float) -> None:
+    reward, reason = parse_reward_txt(data)
+    assert reward == expected
+    assert (reason is None) == (data.strip() not in {b"nan", b"one", b"\xff", b""})
+
+
+@pytest.mark.parametrize(
+    ("data", "expected", "ok"),
+    [
+        (b'{"reward": 0.2, "other": 1}', 0.2, True),
+        (b'{"a": 1, "b": 0}', 0.5, True),
+        (b'{"a": true}', 0.0, False),
+        (b"[1, 2]", 0.0, False),
+        (b"{}", 0.0, False),
+        (b"{", 0.0, False),
+    ],
+)
+def test_reward_json(data: bytes, expected: float, ok: bool) -> None:
+    reward, reason = parse_reward_json(data)
+    assert reward == expected and (reason is None) == ok
+
+
+def test_pytest_all_passed_from_ra_lines() -> None:
+    assert pytest_reward(RA_OUTPUT.replace("{second}", "PASSED")) == (1.0, None)
+
+
+def test_pytest_one_failure_from_ra_lines() -> None:
+    reward, reason = pytest_reward(RA_OUTPUT.replace("{second}", "FAILED"))
+    assert reward == 0.0 and "1 of 2 tests failed" in (reason or "")
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        ("===== 3 passed in 0.10s =====", 1.0),
+        ("===== 2 passed, 1 skipped in 0.10s =====", 1.0),
+        ("===== 1 failed, 2 passed in 0.10s =====", 0.0),
+        ("===== 2 passed, 1 error in 0.10s =====", 0.0),
+        ("===== 1 skipped in 0.01s =====", 0.0),
+        ("bash: pytest: command not found", 0.0),
+    ],
+)
+def test_pytest_summary_line(summary: str, expected: float) -> None:
+    assert pytest_reward(f"some output\n{summary}\n")[0] == expected
