@@ -1,4 +1,6 @@
-"""Helpers for the sandbox tests: one event loop per test module, sandboxes started on it."""
+"""Fixtures and helpers for the sandbox tests: one event loop per test module, sandboxes started on it.
+
+Test modules import the fixtures they use by name."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import docker
+import pytest
 
 from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxSpec
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
@@ -16,13 +19,20 @@ Runner = Callable[[Awaitable[T]], T]
 SPEC = SandboxSpec(BASE_IMAGE)
 
 
-def event_loop_runner() -> Iterator[Runner]:
-    """A runner bound to one loop: a sandbox only works on the loop that started it."""
+@pytest.fixture(scope="module")
+def run(docker_required: None) -> Iterator[Runner]:
+    """A runner bound to one loop per module: a sandbox only works on the loop that started it."""
     loop = asyncio.new_event_loop()
     try:
         yield loop.run_until_complete
     finally:
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox(run: Runner) -> Iterator[Sandbox]:
+    """One default sandbox shared by a module's tests."""
+    yield from sandbox_on(run)
 
 
 def sandbox_on(run: Runner, spec: SandboxSpec = SPEC) -> Iterator[Sandbox]:

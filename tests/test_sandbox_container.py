@@ -13,7 +13,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from sandbox_support import SPEC, Runner, containers_of_pid, event_loop_runner, sandbox_on
+from sandbox_support import SPEC, Runner, containers_of_pid, run, sandbox, sandbox_on  # noqa: F401 - fixtures
 
 from terminus_env.sandbox import (
     DockerUnavailable,
@@ -28,16 +28,6 @@ from terminus_env.sandbox.owner import Owner
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def run(docker_required: None) -> Iterator[Runner]:
-    yield from event_loop_runner()
-
-
-@pytest.fixture(scope="module")
-def sandbox(run: Runner) -> Iterator[Sandbox]:
-    yield from sandbox_on(run)
 
 
 @pytest.fixture(scope="module")

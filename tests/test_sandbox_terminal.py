@@ -7,21 +7,11 @@ from collections.abc import Iterator
 
 import docker
 import pytest
-from sandbox_support import SPEC, Runner, event_loop_runner, sandbox_on
+from sandbox_support import SPEC, Runner, run, sandbox, sandbox_on  # noqa: F401 - fixtures
 
 from terminus_env.sandbox import Sandbox, TerminalGone
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def run(docker_required: None) -> Iterator[Runner]:
-    yield from event_loop_runner()
-
-
-@pytest.fixture(scope="module")
-def sandbox(run: Runner) -> Iterator[Sandbox]:
-    yield from sandbox_on(run)
 
 
 def step(run: Runner, sandbox: Sandbox, keys: str, duration: float) -> tuple[float, str]:

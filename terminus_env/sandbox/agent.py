@@ -173,9 +173,20 @@ def op_tmux(req):
 class Shell:
     """What /proc and the pty say about the shell in the tmux pane."""
 
-    def __init__(self, pid):
+    def __init__(self, pid, patience=10.0):
         self.pid = pid
-        self.tty = os.open(os.readlink("/proc/%d/fd/0" % pid), os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        self.tty = os.open(self.terminal_path(patience), os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+
+    def terminal_path(self, patience):
+        """The shell's pty; right after tmux forks it, stdin may not be the pty yet, so wait a little."""
+        deadline = time.monotonic() + patience
+        while True:
+            path = os.readlink("/proc/%d/fd/0" % self.pid)
+            if path.startswith("/dev/pts/"):
+                return path
+            if time.monotonic() > deadline:
+                raise RuntimeError("the pane's process %d has no terminal on stdin (%s)" % (self.pid, path))
+            time.sleep(0.01)
 
     def close(self):
         os.close(self.tty)
@@ -221,7 +232,7 @@ def op_send(req):
     """Run the tmux calls that type the keys, then wait until the shell is idle or the time is up."""
     try:
         shell = Shell(int(req["pane_pid"]))
-    except OSError:
+    except FileNotFoundError:
         return {"gone": True}
     try:
         before = shell.switches() if req["calls"] else None
@@ -238,8 +249,9 @@ def op_send(req):
             if stable >= 2 or waited >= timeout:
                 return {"waited": waited, "idle": stable >= 2}
             time.sleep(min(POLL_S, max(timeout - waited, 0)))
-    except (OSError, ValueError):
-        return {"gone": True}
+    except (OSError, ValueError) as exc:
+        gone = not os.path.exists("/proc/%d" % shell.pid)
+        return {"gone": gone, "error": None if gone else "%s: %s" % (type(exc).__name__, exc)}
     finally:
         shell.close()
 

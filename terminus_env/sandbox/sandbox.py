@@ -67,7 +67,12 @@ class Sandbox:
         client = await asyncio.to_thread(connect, client)
         if REGISTRY.claim_reap():
             await asyncio.to_thread(reap, False, client)
-        container_id, image_user = await asyncio.to_thread(_create, client, spec)
+        creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec))
+        try:
+            container_id, image_user = await asyncio.shield(creating)
+        except asyncio.CancelledError:  # the thread still finishes; remove what it makes
+            creating.add_done_callback(lambda done: done.exception() or _discard(client, done.result()[0]))
+            raise
         try:
             user = spec.user or image_user or None
             channel = await Channel.open(client, container_id)

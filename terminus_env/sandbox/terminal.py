@@ -71,7 +71,7 @@ class Terminal:
         started = time.monotonic()
         reply = await self._request("send", timeout + 30, pane_pid=self._pane_pid, calls=calls, timeout=timeout)
         if reply.get("error"):
-            raise SandboxError(f"tmux refused the keys ({reply['error']}); the terminal is unchanged")
+            raise SandboxError(f"sending keys to the terminal failed ({reply['error']})")
         return time.monotonic() - started
 
     async def capture_new(self) -> TerminalOutput:
