@@ -79,7 +79,8 @@ def load_harbor(version: str) -> tuple[Callable[[str], object] | None, str]:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         wheels = sorted(CACHE.glob(f"harbor-{version}-*.whl"))
         if not wheels:
-            return None, f"could not download harbor=={version} with pip: {done.stderr.strip()[-300:]}"
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return None, f"could not download harbor=={version} with pip ({reason}); reporting ours alone"
     extracted = CACHE / f"harbor-{version}" / Path(HARBOR_MODULE).name
     if not extracted.exists():
         try:

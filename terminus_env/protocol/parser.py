@@ -2,11 +2,13 @@
 
 A reply is XML-shaped but not XML: keystrokes hold raw ``<``, ``>`` and ``&``
 (heredocs, redirections, ``&&``), so the whole reply can never go through an
-XML parser. Structure is located by scanning for the known tags, with the same
-rules Harbor's parser applies (first ``<response>``, first closing tag after
-each opening one), so that a turn is rejected, completed and executed here
-exactly when it would be under Terminal-Bench. lxml parses what really is XML:
-the attribute list of each ``<keystrokes>`` opening tag.
+XML parser. Structure is located by scanning for the known tags with the rules
+Harbor's parser applies (first ``<response>``, first closing tag after each
+opening one), so that a turn is rejected, completed and executed here as it
+would be under Terminal-Bench. One deliberate difference: keystroke text is
+opaque, so a heredoc that holds ``</commands>``, ``</response>`` or
+``<task_complete>true</task_complete>`` is typed, not read as structure. lxml
+parses what really is XML: the attribute list of each ``<keystrokes>`` tag.
 
 Only two faults reject a turn (no ``<response>``; no ``<commands>`` while the
 task is not complete). Everything else is a warning the model gets to read.
@@ -36,7 +38,7 @@ _KEY_CHORD = re.compile(r"[CM]-\S\Z")  # C-c, M-x: sent as one key, so no Enter 
 _MAX_UNKNOWN_TAGS = 5
 _QUOTE_LIMIT = 40
 _ATTR_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
-_QUOTED_ATTR = re.compile(r"""(?P<name>[\w.:-]+)\s*=\s*["'](?P<value>[^"']*)["']""")
+_LOOSE_DURATION = re.compile(r"""(?<![\w.:-])duration\s*=\s*["'](?P<value>[^"']*)["']""")
 _CACHED_ATTRS_MAX_LEN = 256
 
 
@@ -80,6 +82,12 @@ class Command:
 
 @dataclass(frozen=True)
 class ParsedReply:
+    """One reply, read: what to run, whether the model says it is done, and what to tell it.
+
+    ``warnings`` are shown to the model; ``warning_kinds`` (same order) and ``error_kind`` are for
+    metrics and tests.
+    """
+
     commands: tuple[Command, ...] = ()
     task_complete: bool = False
     error: str | None = None
@@ -215,7 +223,7 @@ def _scan_keystrokes(text: str, body_start: int) -> tuple[list[_Element], int | 
     while at != -1 and (closing == -1 or at < closing):
         tag_end = text.find(">", at)
         if tag_end == -1:
-            break
+            return elements, at
         attrs = text[at + len("<keystrokes") : tag_end]
         if attrs.endswith("/") and _read_attributes(attrs[:-1]).well_formed:  # <keystrokes .../>: a wait
             element = _Element(at, attrs[:-1], tag_end + 1, tag_end + 1, tag_end + 1)
@@ -398,6 +406,7 @@ def _commands(text: str, elements: list[_Element], notes: _Notes) -> tuple[Comma
 
 
 def _check_commands(content: str, commands: tuple[Command, ...], complete: bool, notes: _Notes) -> None:
+    """Warnings about the block as a whole: empty, a silent no-op, run-on lines, escaped text."""
     if not content.strip():
         if not complete:
             notes.add(
@@ -406,7 +415,7 @@ def _check_commands(content: str, commands: tuple[Command, ...], complete: bool,
                 'with a duration, e.g. <keystrokes duration="10"></keystrokes>.',
             )
         return
-    if not commands:
+    if not commands and "<keystrokes" not in content:  # an unclosed one was reported already
         notes.add(
             Issue.NO_KEYSTROKES,
             "<commands> holds text but no <keystrokes> element, so nothing ran: "
@@ -498,7 +507,8 @@ def _xml_attributes(attrs: str) -> tuple[tuple[tuple[str, str], ...], str | None
     except ValueError as exc:  # lxml refuses some code points outright
         reason = str(exc)
     # Not XML, but a quoted duration="..." among the debris still counts, as it does for Harbor.
-    return tuple((m["name"], m["value"]) for m in _QUOTED_ATTR.finditer(attrs)), f"lxml: {_clip(reason)}"
+    loose = _LOOSE_DURATION.search(attrs)
+    return ((("duration", loose["value"]),) if loose else ()), f"lxml: {_clip(reason)}"
 
 
 def _clip(text: str) -> str:
