@@ -25,9 +25,10 @@ docker:
 base-image: venv docker
 	$(CLI) images base
 
-# The main job: every shipped task through the env, with a results table at the end.
+# The main job: every shipped task through the env, with a results table at the end. The "model" is
+# the oracle served from two simulated vLLM replicas, so the whole rollout path runs without a GPU.
 demo: base-image
-	$(CLI) eval tasks/ --oracle --concurrency $(JOBS)
+	$(CLI) eval tasks/ --sim 2 --concurrency $(JOBS)
 
 # The validity check: the oracle earns 1 and doing nothing earns 0, on every shipped task.
 check: base-image

@@ -96,6 +96,7 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", action="append", help="an OpenAI-compatible server (repeatable, one per replica)")
     parser.add_argument("--model", help="model name sent to the server")
     parser.add_argument("--oracle", action="store_true", help="reply with each task's solution instead of a model")
+    parser.add_argument("--sim", type=int, metavar="N", help="serve the oracle from N simulated vLLM replicas")
     parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
     parser.add_argument("--trials", type=int, default=1, help="rollouts per task")
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")

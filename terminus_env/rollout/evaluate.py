@@ -2,7 +2,8 @@
 
 Lenient by default, like Terminal-Bench, so scores compare with public results; ``--strict``
 applies the training semantics. ``--oracle`` replaces the model with each task's solution, which
-checks the whole pipeline end to end.
+checks the env end to end; ``--sim N`` serves that oracle from N simulated vLLM replicas through
+the serving pool, which checks the whole rollout path (routing, HTTP, token accounting) as well.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from terminus_env.metrics import aggregate
-from terminus_env.rollout.policy import OraclePolicy, Policy, ServingPolicy
+from terminus_env.rollout.policy import OraclePolicy, OracleReplies, Policy, ServingPolicy
 from terminus_env.rollout.runner import RolloutRunner
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.tasks import Task, load_tasks
@@ -25,8 +26,8 @@ from terminus_env.tasks import Task, load_tasks
 
 def main(args: argparse.Namespace) -> int:
     tasks = _select(load_tasks(args.folder), args.name)
-    if not args.oracle and not args.base_url:
-        print("eval needs a model (--base-url URL --model NAME) or --oracle", file=sys.stderr)
+    if sum([bool(args.oracle), bool(args.base_url), bool(args.sim)]) != 1:
+        print("eval needs exactly one of: --base-url URL (with --model NAME), --oracle, --sim N", file=sys.stderr)
         return 2
     env_kwargs = {
         "mode": "eval",
@@ -41,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
             for trajectory in trajectories:
                 sink.write(json.dumps(trajectory.to_dict()) + "\n")
         print(f"trajectories written to {args.output}")
-    failed = [t for t in trajectories if t.env_error or (args.oracle and t.reward < 1.0)]
+    oracle = args.oracle or bool(args.sim)
+    failed = [t for t in trajectories if t.env_error or (oracle and t.reward < 1.0)]
     return 1 if failed else 0
 
 
@@ -55,20 +57,31 @@ async def _evaluate(args: argparse.Namespace, tasks: Sequence[Task], env_kwargs:
         outcome = trajectory.error or (trajectory.summary.end_reason if trajectory.summary else "?")
         print(f"[{done}/{total}] {trajectory.task}: reward {trajectory.reward:g} ({outcome})", flush=True)
 
-    async with _policy(args) as policy:
+    async with _policy(args, tasks) as policy:
         runner = RolloutRunner(policy, env_kwargs=env_kwargs, max_sandboxes=args.concurrency, on_finish=progress)
         return await runner.run(tasks, group_size=args.trials)
 
 
 @contextlib.asynccontextmanager
-async def _policy(args: argparse.Namespace) -> AsyncIterator[Policy]:
+async def _policy(args: argparse.Namespace, tasks: Sequence[Task]) -> AsyncIterator[Policy]:
     if args.oracle:
         yield OraclePolicy()
         return
     from terminus_env.serving import ServingPool
 
-    async with ServingPool(args.base_url, args.model or "default") as pool:
+    async with contextlib.AsyncExitStack() as stack:
+        urls = args.base_url or [await stack.enter_async_context(_oracle_server(tasks)) for _ in range(args.sim)]
+        pool = await stack.enter_async_context(ServingPool(urls, args.model or "sim"))
         yield ServingPolicy(pool, max_tokens=args.max_turn_tokens)
+
+
+@contextlib.asynccontextmanager
+async def _oracle_server(tasks: Sequence[Task]) -> AsyncIterator[str]:
+    """A simulated vLLM replica on a free local port whose 'model' replies like the oracle."""
+    from terminus_env.serving.sim.server import ServerConfig, SimServer
+
+    async with SimServer(ServerConfig(model="sim"), OracleReplies(tasks)) as server:
+        yield server.url
 
 
 def _select(tasks: list[Task], names: list[str] | None) -> list[Task]:

@@ -6,7 +6,7 @@ import base64
 import contextlib
 import io
 import tarfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,8 +81,7 @@ class OraclePolicy:
     """Types each task's reference solution into the terminal, then confirms completion.
 
     It checks the whole pipeline (prompt, parser, tmux, grading) without a model: every task
-    should earn reward 1. The solution folder travels as one base64 line, since a heredoc typed
-    into an interactive shell would trigger tab completion on the tabs of a Makefile.
+    should earn reward 1.
     """
 
     def __init__(self, command_duration: float = 60.0) -> None:
@@ -93,24 +92,47 @@ class OraclePolicy:
         yield
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        if turn == 0:
-            keys = self._install_and_run(rollout.task)
-            text = _reply(keys, self._duration, complete=False, plan="Apply the reference solution.")
-        else:
-            text = _reply("", self._duration, complete=True, plan="Wait for the solution, then confirm.")
-        return PolicyOutput(reply=Reply(text=text))
+        return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
 
-    @staticmethod
-    def _install_and_run(task: Task) -> str:
-        if task.solution_path is None or not task.solution_path.exists():
-            return "echo 'this task ships no solution'\n"
-        payload = base64.b64encode(_tar_gz(task.solution_path)).decode()
-        script = "solve.sh" if task.solution_path.is_dir() else task.solution_path.name
-        return (
-            f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
-            f" && bash /solution/{script}\n"
-        )
+
+class OracleReplies:
+    """The oracle as a simulated server's reply source: it recognises the task by its instruction."""
+
+    def __init__(self, tasks: Sequence[Task], command_duration: float = 60.0) -> None:
+        self._tasks = sorted(tasks, key=lambda t: len(t.instruction), reverse=True)  # most specific first
+        self._duration = command_duration
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        first = next((str(m.get("content", "")) for m in messages if m.get("role") == "user"), "")
+        for task in self._tasks:
+            if task.instruction.strip() in first:
+                return oracle_reply(task, _turn(messages), self._duration)
+        raise LookupError("oracle replies: no known task instruction appears in the first user message")
+
+
+def oracle_reply(task: Task, turn: int, duration: float = 60.0) -> str:
+    """Turn 0 unpacks and runs the solution; later turns wait for it and confirm completion."""
+    if turn == 0:
+        return _reply(_install_and_run(task), duration, complete=False, plan="Apply the reference solution.")
+    return _reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
+
+
+def _turn(messages: list[dict[str, str]]) -> int:
+    return sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def _install_and_run(task: Task) -> str:
+    """The solution folder travels as one base64 line: a heredoc typed into an interactive shell
+    would trigger tab completion on the tabs of a Makefile."""
+    if task.solution_path is None or not task.solution_path.exists():
+        return "echo 'this task ships no solution'\n"
+    whole_folder = task.source_format == "harbor"  # Harbor copies solution/ whole; TB1 has one script
+    payload = base64.b64encode(_tar_gz(task.solution_path.parent if whole_folder else task.solution_path)).decode()
+    script = task.solution_path.name
+    return (
+        f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
+        f" && bash /solution/{script}\n"
+    )
 
 
 def _tar_gz(path: Any) -> bytes:
