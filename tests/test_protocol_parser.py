@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -180,28 +179,30 @@ def test_never_raises_on_harbors_crash_input():
         assert isinstance(parse_reply(text), ParsedReply)
 
 
-def test_multi_megabyte_reply_is_parsed_quickly_and_exactly():
+@pytest.mark.timeout(120)  # a hang guard: a quadratic scan would take hours on these inputs
+def test_multi_megabyte_reply_is_parsed_exactly():
     payload = "echo " + ("x<y>&z " * 400_000) + "\n"  # 2.8 MB of keystrokes
     text = reply(f'<keystrokes duration="2">{payload}</keystrokes>') + "<" * 200_000 + "<a>" * 100_000
-    started = time.perf_counter()
     parsed = parse_reply(text)
-    elapsed = time.perf_counter() - started
     assert parsed.commands == (Command(payload, 2.0),)
     assert Issue.TEXT_AFTER_RESPONSE in parsed.warning_kinds
-    assert elapsed < 10, f"a {len(text)}-character reply took {elapsed:.1f} s; the parser must stay linear"
 
 
-def test_pathological_repeats_stay_linear():
-    for text in (
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "text",
+    [
         "<response>" + "<commands>" * 200_000,
         "<response>" + "<task_complete>" * 200_000 + "</task_complete>",
         "<response>" + "".join(f"<t{i}>" for i in range(100_000)),
         "<response><commands>" + "<keystrokes>" * 200_000,
         "<response><commands>" + '<keystrokes duration="1"/>' * 100_000 + "</commands>",
-    ):
-        started = time.perf_counter()
-        parse_reply(text)
-        assert time.perf_counter() - started < 10
+    ],
+    ids=["commands", "task_complete", "distinct-tags", "open-keystrokes", "self-closing"],
+)
+def test_pathological_repeats(text):
+    parsed = parse_reply(text)
+    assert len(parsed.warnings) <= 10  # a repeated tag is one warning, not one per repeat
 
 
 def test_salvage_cuts_at_the_first_response_end_after_commands():
