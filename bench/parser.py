@@ -44,8 +44,11 @@ COMMANDS = [
     ("cd /app && make -j2\n", "10.0"),
     ("pip install -r requirements.txt && python -m pytest -q 2>&1 | tail -n 20\n", "15.0"),
     ("grep -rn 'old_api' src/ | head -20\n", "0.5"),
-    ("cat > fix.py <<'EOF'\nimport sys\nif len(sys.argv) < 2 and 1 > 0:\n    print('usage: fix.py FILE', file=sys.stderr)\nEOF\n", "0.1"),
-    ("sed -i 's/data\\[\"user_id\"\\]/data.get(\"user_id\")/' handlers.py && python3 handlers.py &\n", "1.0"),
+    (
+        "cat > fix.py <<'EOF'\nimport sys\nif len(sys.argv) < 2 and 1 > 0:\n    sys.exit('usage: fix.py FILE')\nEOF\n",
+        "0.1",
+    ),
+    ('sed -i \'s/data\\["user_id"\\]/data.get("user_id")/\' handlers.py && python3 handlers.py &\n', "1.0"),
     ("curl -s localhost:8080/health || echo down\n", "1.0"),
     ("C-c", "0.1"),
 ]
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print("harbor        not measured (see baseline above)")
         return 0
     print(f"{'harbor':<14}{harbor_best:>12,.0f}{1e6 / harbor_best:>10.1f}")
-    print(f"ratio: terminus-env is {ours_best / harbor_best:.2f}x Harbor's speed (CPU time, best of {args.rounds} rounds each)")
+    ratio = ours_best / harbor_best
+    print(f"ratio: terminus-env is {ratio:.2f}x Harbor's speed (CPU time, best of {args.rounds} rounds each)")
     print(f"agreement on rejection, completion and commands: {agreement(harbor_parse, replies)}/{len(replies)}")
     return 0
 

@@ -136,8 +136,12 @@ def test_keystrokes_are_not_stripped_or_decoded():
 
 
 def test_tags_typed_inside_keystrokes_are_text():
-    heredoc = "cat > r.xml <<'EOF'\n<response><commands></commands></response>\n<task_complete>true</task_complete>\nEOF\n"
-    parsed = parse_reply(reply(f'<keystrokes duration="0.5">{heredoc}</keystrokes>\n', '<keystrokes duration="1">ls\n</keystrokes>\n'))
+    heredoc = (
+        "cat > r.xml <<'EOF'\n<response><commands></commands></response>\n<task_complete>true</task_complete>\nEOF\n"
+    )
+    parsed = parse_reply(
+        reply(f'<keystrokes duration="0.5">{heredoc}</keystrokes>\n', '<keystrokes duration="1">ls\n</keystrokes>\n')
+    )
     assert [c.keystrokes for c in parsed.commands] == [heredoc, "ls\n"]
     assert not parsed.task_complete
     assert parsed.warnings == []
@@ -166,7 +170,10 @@ def test_silent_no_op_and_empty_commands_are_warnings_not_errors():
 
 
 def test_several_responses_execute_only_the_first():
-    parsed = parse_reply(reply('<keystrokes duration="1">echo 1\n</keystrokes>') + reply('<keystrokes duration="1">echo 2\n</keystrokes>'))
+    parsed = parse_reply(
+        reply('<keystrokes duration="1">echo 1\n</keystrokes>')
+        + reply('<keystrokes duration="1">echo 2\n</keystrokes>')
+    )
     assert parsed.commands == (Command("echo 1\n", 1.0),)
     assert Issue.MULTIPLE_RESPONSES in parsed.warning_kinds
     assert "2" in parsed.warnings[parsed.warning_kinds.index(Issue.MULTIPLE_RESPONSES)]

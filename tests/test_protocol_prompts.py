@@ -17,8 +17,20 @@ from terminus_env.protocol import (
 
 def test_initial_prompt_holds_rules_task_and_screen():
     prompt = initial_prompt("Compile hello.c into ./hello.", "root@box:/app# ")
-    for fact in ("<response>", "<analysis>", "<plan>", "<commands>", "<keystrokes", "duration", "C-c", "C-d",
-                 "<task_complete>true</task_complete>", "60 seconds", "confirm", "&amp;"):
+    for fact in (
+        "<response>",
+        "<analysis>",
+        "<plan>",
+        "<commands>",
+        "<keystrokes",
+        "duration",
+        "C-c",
+        "C-d",
+        "<task_complete>true</task_complete>",
+        "60 seconds",
+        "confirm",
+        "&amp;",
+    ):
         assert fact in prompt, fact
     assert prompt.index("Compile hello.c into ./hello.") < prompt.index("root@box:/app# ")
     assert prompt.endswith("root@box:/app# ")

@@ -1,6 +1,6 @@
 """Property tests: the parser never raises, whatever it is fed, and keystrokes come back byte-exact.
 
-Together the tests below run well over 10,000 generated replies (see EXAMPLES).
+Together the tests below run more than 10,000 generated replies (see EXAMPLES).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from terminus_env.protocol import Issue, ParsedReply, parse_reply, salvage_trunc
 EXAMPLES = {"random": 2500, "soup": 2500, "mutated": 2500, "binary": 1000, "round_trip": 1500, "huge": 40}
 assert sum(EXAMPLES.values()) >= 10_000
 
+# fmt: off
 FRAGMENTS = [
     "<response>", "</response>", "<analysis>", "</analysis>", "<plan>", "</plan>", "<commands>", "</commands>",
     "<commands/>", "<keystrokes>", "</keystrokes>", '<keystrokes duration="0.1">', "<keystrokes duration=5>",
     "<keystrokes duration='x'>", '<keystrokes duration="1" foo=bar>', '<keystrokes duration="2"/>', "<keystrokes",
-    "<task_complete>", "</task_complete>", "<task_complete>true</task_complete>", "<task_complete/>", "TRUE",
-    "<", ">", "< >", "/>", "&amp;", "&lt;", "&#0;", '"', "'", "=", "\n", "\r\n", " ", "\t", "\x00", "\ud800",
-    "<foo bar", "</", "<!--", "<![CDATA[", "ls -la", "C-c", "<<EOF", "if a < > b", "\U0001f680",
+    "<task_complete>", "</task_complete>", "<task_complete>true</task_complete>", "<task_complete/>", "TRUE", "<",
+    ">", "< >", "/>", "&amp;", "&lt;", "&#0;", '"', "'", "=", "\n", "\r\n", " ", "\t", "\x00", "\ud800", "<foo bar",
+    "</", "<!--", "<![CDATA[", "ls -la", "C-c", "<<EOF", "if a < > b", "\U0001f680",
 ]
+# fmt: on
 ANY_CHAR = st.characters(blacklist_categories=())  # includes lone surrogates and control characters
 TEXT = st.text(ANY_CHAR, max_size=400)
 

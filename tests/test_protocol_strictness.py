@@ -26,7 +26,9 @@ def test_explicit_arguments_win_over_variables():
     assert Strictness.from_env("train", strict_format=True, environ=environ) == Strictness(True, False)
     assert Strictness.from_env("eval", strict_truncation=True, environ={}) == Strictness(False, True)
     # an explicit value means the (bad) variable is never consulted
-    assert Strictness.from_env("train", strict_format=False, environ={"SWE_STRICT_FORMAT": "maybe"}).strict_format is False
+    assert (
+        Strictness.from_env("train", strict_format=False, environ={"SWE_STRICT_FORMAT": "maybe"}).strict_format is False
+    )
 
 
 @pytest.mark.parametrize(

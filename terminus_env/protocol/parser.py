@@ -335,7 +335,9 @@ def _check_layout(body: str, sections: dict[str, _Section | None], notes: _Notes
             else:
                 notes.add(Issue.MULTIPLE_SECTIONS, f"Several <{name}> sections found; only the first was read.")
     for tag in _unknown_top_level_tags(body):
-        notes.add(Issue.UNKNOWN_TAG, f"Unknown tag <{_clip(tag)}> ignored: use only analysis, plan, commands, task_complete.")
+        notes.add(
+            Issue.UNKNOWN_TAG, f"Unknown tag <{_clip(tag)}> ignored: use only analysis, plan, commands, task_complete."
+        )
     present = [section for section in map(sections.get, SECTIONS) if section is not None]
     starts = [section.open_at for section in present]
     if starts != sorted(starts):
@@ -486,7 +488,9 @@ def _seconds(raw: str | None, issues: list[tuple[Issue, str]]) -> float:
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0:
-        issues.append((Issue.INVALID_DURATION, f"duration {_clip(raw)!r} is not a number of seconds >= 0; using 1.0 s."))
+        issues.append(
+            (Issue.INVALID_DURATION, f"duration {_clip(raw)!r} is not a number of seconds >= 0; using 1.0 s.")
+        )
         return DEFAULT_DURATION
     if seconds > MAX_COMMAND_DURATION:
         issues.append(
