@@ -74,6 +74,15 @@ def test_key_names_are_keys_and_other_text_is_literal(run: Runner, sandbox: Sand
     assert "partial" not in text.split("\n")[0] and "cleared-line" in text
 
 
+def test_text_with_quotes_dollars_backslashes_and_unicode_arrives_verbatim(run: Runner, sandbox: Sandbox) -> None:
+    text = "".join(chr(c) for c in range(32, 127)) + "\tä€😀 \\; a;\n$HOME \"$(x)\" '{}' %s #{pane_pid} ~ -- ;\n"
+    run(sandbox.terminal.send("cat > /tmp/verbatim.txt\n", 2))
+    run(sandbox.terminal.send(text, 2))
+    run(sandbox.terminal.send("C-d", 5))
+    assert run(sandbox.read_file("/tmp/verbatim.txt")) == text.encode()
+    run(sandbox.terminal.capture_new())
+
+
 def test_input_over_16kb_arrives_whole(run: Runner, sandbox: Sandbox) -> None:
     lines = [f"{i:05d} " + "x" * 73 for i in range(500)]  # 500 lines of 80 bytes: 40 KB in one send
     keys = "cat > /tmp/big.txt <<'EOF'\n" + "\n".join(lines) + "\nEOF\n"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from terminus_env.sandbox import agent
 from terminus_env.sandbox.images import context_hash, slug
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
 from terminus_env.sandbox.terminal import CHUNK_BYTES, key_arguments
@@ -26,9 +28,18 @@ def test_other_text_is_literal(text: str) -> None:
     assert "".join(call[2] for call in calls) == text
 
 
-def test_trailing_semicolon_is_escaped_for_tmux() -> None:
-    assert key_arguments("echo a;") == [["-l", "--", "echo a\\;"]]
-    assert key_arguments("find . -exec rm {} \\;") == [["-l", "--", "find . -exec rm {} \\\\;"]]
+def test_tmux_argv_fallback_escapes_a_trailing_semicolon() -> None:
+    seen = []
+    agent.run_tmux = lambda argv, user: seen.append(argv) or (0, "", "")  # type: ignore[assignment]
+    try:
+        agent.Tmux.run_process({"tmux": ["tmux"]}, [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]])
+    finally:
+        importlib.reload(agent)
+    assert seen == [["tmux", "send-keys", "-l", "--", "a\\;", ";", "send-keys", "-l", "--", "{} \\\\;"]]
+
+
+def test_control_mode_quoting() -> None:
+    assert agent.control_quote('a "b" $HOME \\ ;\n\t\x1b') == '"a \\"b\\" \\$HOME \\\\ ;\\n\\011\\033"'
 
 
 def test_nul_becomes_its_key_and_surrogates_become_replacement_characters() -> None:
@@ -41,7 +52,7 @@ def test_chunks_rebuild_the_text_and_stay_small(text: str) -> None:
     calls = [call for call in key_arguments(text * 10) if call[0] == "-l"]
     for call in calls:
         assert len(call[2].encode("utf-8", "surrogatepass")) <= CHUNK_BYTES + 1
-    rebuilt = "".join(call[2][:-2] + ";" if call[2].endswith("\\;") else call[2] for call in calls)
+    rebuilt = "".join(call[2] for call in calls)
     assert rebuilt == "".join(ch if not 0xD800 <= ord(ch) <= 0xDFFF else "\ufffd" for ch in text * 10).replace("\0", "")
 
 

@@ -18,6 +18,7 @@ import grp
 import json
 import os
 import pwd
+import queue
 import signal
 import struct
 import subprocess
@@ -170,6 +171,128 @@ def op_tmux(req):
     return {"rc": code, "out": out, "err": err}
 
 
+def control_quote(arg):
+    """A double-quoted argument for tmux's command parser (used by control mode)."""
+    out = ['"']
+    for ch in arg:
+        if ch in '\\"$':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append("\\%03o" % ord(ch))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+class ControlClient:
+    """A tmux control-mode client kept attached, so a tmux command costs a line on a pipe, not a fork.
+
+    Each command answers with a %begin/%end (or %error) block; notifications outside blocks
+    are skipped, and pane output notifications are switched off.
+    """
+
+    def __init__(self, tmux, target, user):
+        env, demote = spawn_options(user, None)
+        self.proc = subprocess.Popen(
+            tmux + ["-C", "attach-session", "-t", target], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env=env, preexec_fn=demote,
+        )
+        self.lock = threading.Lock()
+        self.blocks = queue.Queue()
+        threading.Thread(target=self.read_blocks, daemon=True).start()
+        self.run([["refresh-client", "-f", "no-output"]])
+
+    def read_blocks(self):
+        current, begin = None, None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if current is None:
+                if line.startswith("%begin "):
+                    current, begin = [], line.split()
+                continue
+            words = line.split()
+            if words[:1] in (["%end"], ["%error"]) and words[1:3] == begin[1:3]:
+                if begin[3:4] == ["1"]:  # flag 1: the answer to one of our commands
+                    self.blocks.put((words[0] == "%end", current))
+                current = None
+            else:
+                current.append(line)
+        self.blocks.put(None)
+
+    def run(self, commands):
+        """(ok, output) of a list of commands run as one tmux command list (atomically)."""
+        line = " ; ".join(" ".join(control_quote(arg) for arg in command) for command in commands)
+        with self.lock:
+            self.proc.stdin.write(line.encode("utf-8", "surrogateescape") + b"\n")
+            self.proc.stdin.flush()
+            output, ok = [], True
+            for _ in commands:
+                block = self.blocks.get(timeout=30)
+                if block is None:
+                    raise EOFError("the tmux control client exited")
+                ok, lines = block
+                output.extend(lines)
+                if not ok:
+                    break
+        return ok, "".join(line + "\n" for line in output)
+
+    def close(self):
+        try:
+            self.proc.kill()
+            self.proc.wait()
+        except OSError:
+            pass
+
+
+class Tmux:
+    """Runs tmux commands for one session: through a control client, or a tmux process per call as fallback."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.clients = {}
+
+    def run(self, req, commands):
+        key = (tuple(req["tmux"]), req["target"], req.get("user"))
+        try:
+            return self.client(key).run(commands)
+        except (OSError, EOFError, queue.Empty):
+            self.drop(key)
+        return self.run_process(req, commands)
+
+    def client(self, key):
+        with self.lock:
+            client = self.clients.get(key)
+            if client is None or client.proc.poll() is not None:
+                client = self.clients[key] = ControlClient(list(key[0]), key[1], key[2])
+            return client
+
+    def drop(self, key):
+        with self.lock:
+            client = self.clients.pop(key, None)
+        if client is not None:
+            client.close()
+
+    @staticmethod
+    def run_process(req, commands):
+        argv = list(req["tmux"])
+        for index, command in enumerate(commands):
+            # As argv, an argument ending in ';' separates commands, and a final '\\;' means ';'.
+            argv += ([";"] if index else []) + [arg[:-1] + "\\;" if arg.endswith(";") else arg for arg in command]
+        code, out, err = run_tmux(argv, req.get("user"))
+        return code == 0, out if code == 0 else err
+
+
+TMUX = Tmux()
+
+
+def op_commands(req):
+    ok, out = TMUX.run(req, req["commands"])
+    return {"rc": 0 if ok else 1, "out": out if ok else "", "err": "" if ok else out}
+
+
 class Shell:
     """What /proc and the pty say about the shell in the tmux pane."""
 
@@ -236,10 +359,10 @@ def op_send(req):
         return {"gone": True}
     try:
         before = shell.switches() if req["calls"] else None
-        for argv in req["calls"]:
-            code, _, err = run_tmux(argv, req.get("user"))
-            if code != 0:
-                return {"gone": not os.path.exists("/proc/%d" % shell.pid), "error": err.strip()}
+        if req["calls"]:
+            ok, out = TMUX.run(req, req["calls"])
+            if not ok:
+                return {"gone": not os.path.exists("/proc/%d" % shell.pid), "error": out.strip()}
         start = time.monotonic()
         timeout = float(req["timeout"])
         stable = 0
@@ -263,20 +386,19 @@ def op_capture(req):
     reading the pane in between. The host's last known history size is the first guess of
     where the anchor is; when output moved it, retry with the size just read.
     """
-    target, user, anchor = req["target"], req.get("user"), req.get("anchor")
+    target, anchor = req["target"], req.get("anchor")
     where = ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"]
     history = req.get("history")
     if history is None or anchor is None:
-        code, out, err = run_tmux(req["tmux"] + where, user)
-        if code != 0:
-            return {"rc": code, "err": err}
+        ok, out = TMUX.run(req, [where])
+        if not ok:
+            return {"rc": 1, "err": out}
         history = int(out.split()[0])
     for _ in range(5):
         start = max(anchor - history, -history) if anchor is not None else 0
-        capture = ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"]
-        code, out, err = run_tmux(req["tmux"] + where + [";"] + capture + [";"] + where, user)
-        if code != 0:
-            return {"rc": code, "err": err}
+        ok, out = TMUX.run(req, [where, ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"], where])
+        if not ok:
+            return {"rc": 1, "err": out}
         first, _, rest = out.partition("\n")
         text, _, last = rest.rstrip("\n").rpartition("\n")
         if first == last and int(first.split()[0]) == history:
@@ -294,7 +416,7 @@ def op_read(req):
     return {"data": base64.b64encode(data).decode()}
 
 
-OPS = {"exec": op_exec, "tmux": op_tmux, "send": op_send, "capture": op_capture, "read": op_read, "ping": lambda req: {"pid": os.getpid()}}
+OPS = {"exec": op_exec, "tmux": op_tmux, "commands": op_commands, "send": op_send, "capture": op_capture, "read": op_read, "ping": lambda req: {"pid": os.getpid()}}
 
 
 def main():

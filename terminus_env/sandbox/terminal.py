@@ -67,9 +67,11 @@ class Terminal:
     async def send(self, keystrokes: str, duration: float) -> float:
         """Type ``keystrokes``, then wait up to min(duration, 60) s, less if the shell is idle again. Returns seconds waited."""
         timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
-        calls = [[*TMUX, "send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
+        calls = [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
         started = time.monotonic()
-        reply = await self._request("send", timeout + 30, pane_pid=self._pane_pid, calls=calls, timeout=timeout)
+        reply = await self._request(
+            "send", timeout + 30, tmux=TMUX, target=TARGET, pane_pid=self._pane_pid, calls=calls, timeout=timeout
+        )  # fmt: skip
         if reply.get("error"):
             raise SandboxError(f"sending keys to the terminal failed ({reply['error']})")
         return time.monotonic() - started
@@ -99,7 +101,7 @@ class Terminal:
 
     async def screen(self) -> str:
         """The visible 160x40 screen now."""
-        reply = await self._request("tmux", 30, argv=[*TMUX, "capture-pane", "-p", "-t", TARGET])
+        reply = await self._request("commands", 30, tmux=TMUX, target=TARGET, commands=[["capture-pane", "-p", "-t", TARGET]])
         return _strip_trailing_blank(reply["out"])
 
     async def _screen_output(self) -> TerminalOutput:
@@ -125,13 +127,8 @@ def key_arguments(keystrokes: str) -> list[list[str]]:
     for index, part in enumerate(text.split("\0")):
         if index:
             calls.append(["C-@"])  # the key that types NUL
-        calls.extend(["-l", "--", _escape_semicolon(chunk)] for chunk in _chunks(part, CHUNK_BYTES))
+        calls.extend(["-l", "--", chunk] for chunk in _chunks(part, CHUNK_BYTES))
     return calls
-
-
-def _escape_semicolon(chunk: str) -> str:
-    """tmux reads an argument ending in ';' as a command separator, and turns a final '\\;' into ';'."""
-    return chunk[:-1] + "\\;" if chunk.endswith(";") else chunk
 
 
 def _chunks(text: str, limit: int) -> list[str]:
