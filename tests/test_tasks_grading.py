@@ -217,3 +217,35 @@ def test_check_passes_a_valid_suite(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "2/2 tasks valid" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]
     assert rows == [["tiny-harbor", "0", "1", "ok"], ["tiny-tb1", "0", "1", "ok"]]
+
+
+def test_verifier_leaving_a_process_behind_does_not_hold_grading(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            script = "sleep 300 & echo 1 > /logs/verifier/reward.txt; echo started a server"
+            result = await grade(sandbox, with_verifier(task, tmp_path, script, timeout=20))
+        finally:
+            await sandbox.close()
+        assert (result.reward, result.timed_out) == (1.0, False)
+        assert "started a server" in result.output
+        assert result.duration_s < 15
+
+    run(scenario())
+
+
+def test_non_root_verifier_can_write_its_reward(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = load_task(harbor_task(tmp_path))
+        sandbox = await started(task)
+        try:
+            script = "id -un; echo 0.5 > /logs/verifier/reward.txt"
+            as_nobody = dataclasses.replace(with_verifier(task, tmp_path, script), verifier_user="nobody")
+            result = await grade(sandbox, as_nobody)
+        finally:
+            await sandbox.close()
+        assert (result.reward, result.reason) == (0.5, None)
+        assert result.output.strip() == "nobody"
+
+    run(scenario())

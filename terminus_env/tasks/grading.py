@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ REWARD_JSON = f"{VERIFIER_LOGS}/reward.json"
 TEST_STDOUT = f"{VERIFIER_LOGS}/test-stdout.txt"
 OUTPUT_CAP = 20_000
 """Characters of verifier output kept in a `GradeResult` (the tail, where the summary is)."""
+_LOG_READ_BYTES = 4_000_000
 _SETUP_TIMEOUT_S = 60.0
 _PYTEST_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+\S", re.MULTILINE)
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)")
@@ -48,29 +48,31 @@ class GradeResult:
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     """Copy the tests in, run the verifier once, and read its reward."""
     start = time.monotonic()
-    # A reward or a /tests left behind by the episode must not count.
-    await _prepare(sandbox, f"rm -rf {TESTS_DIR} {REWARD_TXT} {REWARD_JSON} && mkdir -p {TESTS_DIR} {VERIFIER_LOGS}")
+    # Nothing the episode left in /tests or /logs/verifier may count; a non-root verifier must write its logs.
+    fresh = f"{TESTS_DIR} {VERIFIER_LOGS}"
+    await _prepare(sandbox, f"rm -rf {fresh} && mkdir -p {fresh} && chmod a+rwx {VERIFIER_LOGS}")
     if task.tests_dir.is_dir():
         await sandbox.put_dir(task.tests_dir, TESTS_DIR)
     if task.source_format == "terminal-bench-1":
         await sandbox.put_file(task.verifier_script.read_bytes(), f"{TESTS_DIR}/run-tests.sh", mode=0o755)
-    script = f"{TESTS_DIR}/{task.verifier_script.name}"
+    # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the exec open.
     result = await sandbox.exec(
-        "bash -o pipefail -c " + shlex.quote(f"bash {script} 2>&1 | tee {TEST_STDOUT}"),
+        f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1",
         timeout=task.verifier_timeout_s,
         user=task.verifier_user,
         env=dict(task.verifier_env),
     )
-    output = result.output[-OUTPUT_CAP:]
+    logged = await sandbox.read_file(TEST_STDOUT, max_bytes=_LOG_READ_BYTES)
+    output = (logged or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
     if result.timed_out:
         reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output, True, duration, reason)
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason)
     if task.source_format == "terminal-bench-1":
-        reward, reason = pytest_reward(result.output)
+        reward, reason = pytest_reward(output)
     else:
         reward, reason = await _read_reward(sandbox)
-    return GradeResult(reward, output, False, duration, reason)
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason)
 
 
 async def apply_oracle(sandbox: Sandbox, task: Task) -> ExecResult:

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ class Task:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     """What the loader could not honour (e.g. a solution.yaml), for the user to read."""
+
+    def __post_init__(self) -> None:
+        for name in ("env", "verifier_env", "metadata"):  # frozen all the way down to the first level
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
     @property
     def difficulty(self) -> str | None:
