@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from terminus_env.protocol.parser import MAX_COMMAND_DURATION, ParsedReply
-
-OUTPUT_LIMIT_BYTES = 10_000
+from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES, cap_text
 
 _FORMAT_RULES = f"""\
 You are working in a Linux terminal to complete the task below. Each turn you see what the \
@@ -77,7 +76,7 @@ def rejected_feedback(reply: ParsedReply) -> str:
 
 
 def output_feedback(output: str, warnings: Sequence[str], *, is_screen: bool = False) -> str:
-    """A normal observation: any parser warnings, then the terminal output (pass it through cap_output)."""
+    """A normal observation: any parser warnings, then the terminal output (capped: see cap_output)."""
     parts = [_warning_list(warnings)] if warnings else []
     parts.append(_terminal(output, is_screen))
     return "\n\n".join(parts)
@@ -103,31 +102,14 @@ def truncated_feedback(max_tokens: int) -> str:
 
 
 def cap_output(text: str, limit: int = OUTPUT_LIMIT_BYTES) -> str:
-    """Keep the first and last limit/2 bytes (UTF-8) of a long output and say how much was cut.
+    """Keep the first and last limit/2 bytes (UTF-8) of a long output, with a marker saying how much was cut.
 
-    Both ends matter: the start shows what ran, the end shows how it finished. Cuts fall on
-    character boundaries, so no character is split or lost from the kept parts.
+    Both ends matter: the start shows what ran, the end shows how it finished. The sandbox's
+    terminal caps its captures with the same function, so output from it is already capped.
     """
     if limit < 2:
         raise ValueError(f"cap_output limit must be at least 2 bytes, got {limit}")
-    if len(text) * 4 <= limit:  # at most 4 bytes a character: short enough without encoding
-        return text
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    head_end = _char_start(data, limit // 2, step=-1)
-    tail_start = _char_start(data, len(data) - limit // 2, step=1)
-    head = data[:head_end].decode("utf-8", "surrogatepass")
-    tail = data[tail_start:].decode("utf-8", "surrogatepass")
-    omitted = tail_start - head_end
-    return f"{head}\n[... {omitted} bytes omitted: output over {limit} bytes ...]\n{tail}"
-
-
-def _char_start(data: bytes, index: int, step: int) -> int:
-    """The nearest index from ``index`` in direction ``step`` where a UTF-8 character starts."""
-    while 0 < index < len(data) and data[index] & 0b1100_0000 == 0b1000_0000:
-        index += step
-    return index
+    return cap_text(text, limit)[0]
 
 
 def _warning_list(warnings: Sequence[str]) -> str:
