@@ -90,7 +90,11 @@ def test_binary_like_input(data, encoding):
     check(BASE.replace("make", text))
 
 
-KEYSTROKES = st.text(ANY_CHAR, max_size=200).filter(lambda keys: "</keystrokes>" not in keys)
+# Random text, and text built from the reply's own tags: typed tags must stay typed text.
+KEYSTROKES = st.one_of(
+    st.text(ANY_CHAR, max_size=200),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(ANY_CHAR, max_size=8)), max_size=12).map("".join),
+).filter(lambda keys: "</keystrokes>" not in keys)
 DURATIONS = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 
 
