@@ -186,6 +186,11 @@ def test_never_raises_on_harbors_crash_input():
         assert isinstance(parse_reply(text), ParsedReply)
 
 
+def test_non_text_input_is_a_clear_type_error():
+    with pytest.raises(TypeError, match="decode it first"):
+        parse_reply(b"<response></response>")
+
+
 @pytest.mark.timeout(120)  # a hang guard: a quadratic scan would take hours on these inputs
 def test_multi_megabyte_reply_is_parsed_exactly():
     payload = "echo " + ("x<y>&z " * 400_000) + "\n"  # 2.8 MB of keystrokes

@@ -135,7 +135,9 @@ class _Section:
 
 
 def parse_reply(text: str) -> ParsedReply:
-    """Parse one reply. Never raises: bad input comes back as an error or warnings."""
+    """Parse one reply. Never raises for a str: bad input comes back as an error or warnings."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_reply takes the reply as str, got {type(text).__name__}: decode it first")
     notes = _Notes()
     start = text.find("<response>")
     if start == -1:
