@@ -62,7 +62,7 @@ async def baseline_step(container: docker.models.containers.Container, keys: str
 
 
 async def terminal_steps(client: docker.DockerClient) -> None:
-    print("1. Terminal steps on one container (p50)                 terminus-env   docker exec/op")
+    print("1. Terminal steps on one container (p50)                 terminus-env  docker exec/op")
     sandbox = await Sandbox.start(SPEC, client=client)
     container = client.containers.get(sandbox.id)
     try:
@@ -144,7 +144,8 @@ async def concurrency(client: docker.DockerClient, workers: int, commands: int) 
     row("steps per second (incl. starts and closes)", f"{ok / elapsed:10.1f}", "", f"{elapsed:.1f} s in all")
     row("containers left after close", str(owned_by(client, os.getpid())))
 
-    child = subprocess.Popen([sys.executable, __file__, "--child", str(workers // 2)], stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, __file__, "--child", str(workers // 2)]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     for line in child.stdout:
         if line.startswith("halfway"):

@@ -19,8 +19,8 @@ Runner = Callable[[Awaitable[T]], T]
 SPEC = SandboxSpec(BASE_IMAGE)
 
 
-@pytest.fixture(scope="module")
-def run(docker_required: None) -> Iterator[Runner]:
+@pytest.fixture(name="run", scope="module")
+def run_fixture(docker_required: None) -> Iterator[Runner]:
     """A runner bound to one loop per module: a sandbox only works on the loop that started it."""
     loop = asyncio.new_event_loop()
     try:
@@ -29,8 +29,8 @@ def run(docker_required: None) -> Iterator[Runner]:
         loop.close()
 
 
-@pytest.fixture(scope="module")
-def sandbox(run: Runner) -> Iterator[Sandbox]:
+@pytest.fixture(name="sandbox", scope="module")
+def sandbox_fixture(run: Runner) -> Iterator[Sandbox]:
     """One default sandbox shared by a module's tests."""
     yield from sandbox_on(run)
 

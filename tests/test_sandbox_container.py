@@ -13,7 +13,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from sandbox_support import SPEC, Runner, containers_of_pid, run, sandbox, sandbox_on  # noqa: F401 - fixtures
+from sandbox_support import SPEC, Runner, containers_of_pid, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
 from terminus_env.sandbox import (
     DockerUnavailable,
@@ -66,7 +66,7 @@ def test_no_new_privileges_and_init(run: Runner, sandbox: Sandbox) -> None:
 def test_no_network_by_default(run: Runner, sandbox: Sandbox) -> None:
     assert sh(run, sandbox, "ls /sys/class/net").output.split() == ["lo"]
     probe = "import socket; socket.create_connection(('1.1.1.1', 53), 2)"
-    assert sh(run, sandbox, f"python3 -c \"{probe}\"").exit_code != 0
+    assert sh(run, sandbox, f'python3 -c "{probe}"').exit_code != 0
 
 
 def test_allow_internet_gives_a_network_interface(run: Runner) -> None:
@@ -224,7 +224,9 @@ def test_sigterm_removes_the_owners_containers(client: docker.DockerClient) -> N
 
 
 def test_reaper_removes_containers_of_dead_owners_only(client: docker.DockerClient) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_owner = Owner(int(dead.stdout), "1", Owner.current().host)
     made = []
     for owner in (dead_owner, Owner.current()):
@@ -280,7 +282,7 @@ def test_ensure_image_builds_once_and_reports_failures(client: docker.DockerClie
 
 @pytest.mark.parametrize("ending", ["return", "sigint"])
 def test_containers_are_removed_when_the_owner_exits(client: docker.DockerClient, ending: str) -> None:
-    script = _OWNER_SCRIPT.replace("await asyncio.sleep(600)", "await asyncio.sleep(0 if sys.argv[1] == 'return' else 600)")
+    script = _OWNER_SCRIPT.replace("asyncio.sleep(600)", "asyncio.sleep(0 if sys.argv[1] == 'return' else 600)")
     child = subprocess.Popen([sys.executable, "-c", script, ending], stdout=subprocess.PIPE, text=True, cwd=REPO)
     container_id = child.stdout.readline().strip()  # type: ignore[union-attr]
     if ending == "sigint":

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import docker
 import pytest
-from sandbox_support import SPEC, Runner, run, sandbox, sandbox_on  # noqa: F401 - fixtures
+from sandbox_support import SPEC, Runner, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
 from terminus_env.sandbox import Sandbox, TerminalGone
 
@@ -60,7 +59,7 @@ def test_a_repl_waiting_for_input_is_a_foreground_job(run: Runner, sandbox: Sand
 
 def test_key_names_are_keys_and_other_text_is_literal(run: Runner, sandbox: Sandbox) -> None:
     step(run, sandbox, "-n", 0.5)  # would be an option to send-keys if not passed literally
-    waited, text = step(run, sandbox, "Enter", 5)
+    _, text = step(run, sandbox, "Enter", 5)
     assert "-n: command not found" in text
     _, text = step(run, sandbox, "echo a;echo b;\n", 5)
     assert "\na\nb\n" in text
@@ -161,4 +160,3 @@ def test_a_killed_container_makes_the_terminal_gone(run: Runner) -> None:
         assert not sandbox.alive
     finally:
         run(sandbox.close())
-

@@ -32,7 +32,8 @@ def test_tmux_argv_fallback_escapes_a_trailing_semicolon() -> None:
     seen = []
     agent.run_tmux = lambda argv, user: seen.append(argv) or (0, "", "")  # type: ignore[assignment]
     try:
-        agent.Tmux.run_process({"tmux": ["tmux"]}, [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]])
+        commands = [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]]
+        agent.Tmux.run_process({"tmux": ["tmux"]}, commands)
     finally:
         importlib.reload(agent)
     assert seen == [["tmux", "send-keys", "-l", "--", "a\\;", ";", "send-keys", "-l", "--", "{} \\\\;"]]
@@ -77,7 +78,13 @@ def test_spec_defaults_hashing_and_validation() -> None:
     assert spec != SandboxSpec("img", env={"A": "2"})
     with pytest.raises(TypeError):
         spec.env["B"] = "2"  # type: ignore[index]
-    for bad in ({"image": ""}, {"image": "i", "cpus": 0}, {"image": "i", "memory_mb": 1}, {"image": "i", "lifetime_s": 0}):
+    bad_specs = (
+        {"image": ""},
+        {"image": "i", "cpus": 0},
+        {"image": "i", "memory_mb": 1},
+        {"image": "i", "lifetime_s": 0},
+    )
+    for bad in bad_specs:
         with pytest.raises(ValueError):
             SandboxSpec(**bad)  # type: ignore[arg-type]
 

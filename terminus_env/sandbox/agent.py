@@ -40,7 +40,7 @@ def credentials(user):
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except KeyError:
         if not name.isdigit():
-            raise ValueError("no user %r in the container" % name)
+            raise ValueError(f"no user {name!r} in the container")
         entry = None
     uid = entry.pw_uid if entry else int(name)
     if group:
@@ -53,20 +53,22 @@ def credentials(user):
 
 
 def spawn_options(user, env):
-    """Environment and pre-exec hook that run a child as ``user``."""
+    """Popen keyword arguments that run a child as ``user`` with ``env`` added to ours."""
     env = dict(os.environ, **(env or {}))
     creds = credentials(user)
     if creds is None:
-        return env, None
+        return {"env": env}
     uid, gid, groups, home, name = creds
     env.update(HOME=home, USER=name, LOGNAME=name)
+    if sys.version_info >= (3, 9):  # noqa: UP036 - containers may hold an older python3; thread-safe path
+        return {"env": env, "user": uid, "group": gid, "extra_groups": groups}
 
     def demote():
         os.setgroups(groups)
         os.setgid(gid)
         os.setuid(uid)
 
-    return env, demote
+    return {"env": env, "preexec_fn": demote}
 
 
 class CappedBuffer:
@@ -96,7 +98,7 @@ def descendants(root):
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open("/proc/%s/stat" % entry) as handle:
+                with open(f"/proc/{entry}/stat") as handle:
                     ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
@@ -116,19 +118,26 @@ def kill_tree(proc):
             os.kill(target, signal.SIGKILL)
         except OSError:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
+    for _ in range(20):  # a fork bomb may add members while we kill; repeat until the group is empty
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            break
+        time.sleep(0.01)
 
 
 def op_exec(req):
-    env, demote = spawn_options(req.get("user"), req.get("env"))
+    options = spawn_options(req.get("user"), req.get("env"))
     buffer = CappedBuffer(int(req.get("max_output", 1000000)))
     start = time.monotonic()
     proc = subprocess.Popen(
-        ["bash", "-c", req["cmd"]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        cwd=req.get("workdir") or None, env=env, preexec_fn=demote, start_new_session=True,
+        ["bash", "-c", req["cmd"]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=req.get("workdir") or None,
+        start_new_session=True,
+        **options,
     )
 
     def pump():
@@ -158,9 +167,8 @@ def op_exec(req):
 
 
 def run_tmux(argv, user):
-    env, demote = spawn_options(user, None)
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=demote
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **spawn_options(user, None)
     )
     out, err = proc.communicate()
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -180,7 +188,7 @@ def control_quote(arg):
         elif ch == "\n":
             out.append("\\n")
         elif ord(ch) < 32 or ord(ch) == 127:
-            out.append("\\%03o" % ord(ch))
+            out.append(f"\\{ord(ch):03o}")
         else:
             out.append(ch)
     out.append('"')
@@ -195,10 +203,12 @@ class ControlClient:
     """
 
     def __init__(self, tmux, target, user):
-        env, demote = spawn_options(user, None)
         self.proc = subprocess.Popen(
-            tmux + ["-C", "attach-session", "-t", target], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=env, preexec_fn=demote,
+            tmux + ["-C", "attach-session", "-t", target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            **spawn_options(user, None),
         )
         self.lock = threading.Lock()
         self.blocks = queue.Queue()
@@ -293,6 +303,10 @@ def op_commands(req):
     return {"rc": 0 if ok else 1, "out": out if ok else "", "err": "" if ok else out}
 
 
+class ShellExited(Exception):
+    """The pane's shell is a zombie: it exited and tmux has not reaped it yet."""
+
+
 class Shell:
     """What /proc and the pty say about the shell in the tmux pane."""
 
@@ -304,11 +318,11 @@ class Shell:
         """The shell's pty; right after tmux forks it, stdin may not be the pty yet, so wait a little."""
         deadline = time.monotonic() + patience
         while True:
-            path = os.readlink("/proc/%d/fd/0" % self.pid)
+            path = os.readlink(f"/proc/{self.pid}/fd/0")
             if path.startswith("/dev/pts/"):
                 return path
             if time.monotonic() > deadline:
-                raise RuntimeError("the pane's process %d has no terminal on stdin (%s)" % (self.pid, path))
+                raise RuntimeError(f"the pane's process {self.pid} has no terminal on stdin ({path})")
             time.sleep(0.01)
 
     def close(self):
@@ -316,7 +330,7 @@ class Shell:
 
     def switches(self):
         total = 0
-        with open("/proc/%d/status" % self.pid) as handle:
+        with open(f"/proc/{self.pid}/status") as handle:
             for line in handle:
                 if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                     total += int(line.split()[1])
@@ -327,9 +341,11 @@ class Shell:
 
     def idle(self, before):
         """At its prompt: asleep, owning the terminal, has run since the keys were sent, no bytes in flight."""
-        with open("/proc/%d/stat" % self.pid) as handle:
+        with open(f"/proc/{self.pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
         state, pgrp, tpgid = fields[0], int(fields[2]), int(fields[5])
+        if state in "ZX":
+            raise ShellExited()
         if state != "S" or tpgid != pgrp:
             return False
         if before is not None and self.switches() == before:
@@ -343,7 +359,7 @@ class Shell:
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) != self.pid:
                 try:
-                    with open("/proc/%s/stat" % entry) as handle:
+                    with open(f"/proc/{entry}/stat") as handle:
                         if int(handle.read().rsplit(")", 1)[1].split()[2]) == pgrp:
                             return True
                 except (OSError, IndexError, ValueError):
@@ -362,7 +378,7 @@ def op_send(req):
         if req["calls"]:
             ok, out = TMUX.run(req, req["calls"])
             if not ok:
-                return {"gone": not os.path.exists("/proc/%d" % shell.pid), "error": out.strip()}
+                return {"gone": not os.path.exists(f"/proc/{shell.pid}"), "error": out.strip()}
         start = time.monotonic()
         timeout = float(req["timeout"])
         stable = 0
@@ -372,9 +388,11 @@ def op_send(req):
             if stable >= 2 or waited >= timeout:
                 return {"waited": waited, "idle": stable >= 2}
             time.sleep(min(POLL_S, max(timeout - waited, 0)))
+    except ShellExited:
+        return {"gone": True}
     except (OSError, ValueError) as exc:
-        gone = not os.path.exists("/proc/%d" % shell.pid)
-        return {"gone": gone, "error": None if gone else "%s: %s" % (type(exc).__name__, exc)}
+        gone = not os.path.exists(f"/proc/{shell.pid}")
+        return {"gone": gone, "error": None if gone else f"{type(exc).__name__}: {exc}"}
     finally:
         shell.close()
 
@@ -416,7 +434,10 @@ def op_read(req):
     return {"data": base64.b64encode(data).decode()}
 
 
-OPS = {"exec": op_exec, "tmux": op_tmux, "commands": op_commands, "send": op_send, "capture": op_capture, "read": op_read, "ping": lambda req: {"pid": os.getpid()}}
+OPS = {
+    "exec": op_exec, "tmux": op_tmux, "commands": op_commands, "send": op_send, "capture": op_capture,
+    "read": op_read, "ping": lambda req: {"pid": os.getpid()},
+}  # fmt: skip
 
 
 def main():
@@ -426,14 +447,14 @@ def main():
         data = (json.dumps(message) + "\n").encode()
         with lock:
             while data:
-                data = data[os.write(1, data):]
+                data = data[os.write(1, data) :]
 
     def handle(req):
         try:
             result = OPS[req["op"]](req)
             result.update(id=req["id"], ok=True)
-        except Exception as exc:  # every failure goes back to the host, never kills the agent
-            result = {"id": req.get("id"), "ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the host, never kills the agent
+            result = {"id": req.get("id"), "ok": False, "error": f"{type(exc).__name__}: {exc}"}
         reply(result)
 
     for line in sys.stdin.buffer:

@@ -109,10 +109,11 @@ def _debootstrap_and_import(client: docker.DockerClient, tag: str, mirror: str, 
             "bookworm", str(rootfs), mirror,
         ]  # fmt: skip
         log(f"running {' '.join(command)} (a few minutes)")
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             _unmount_below(rootfs)
-            raise ImageBuildError(tag, f"debootstrap exited with {result.returncode}", _tail(result.stdout + result.stderr))
+            log_tail = _tail(result.stdout + result.stderr)
+            raise ImageBuildError(tag, f"debootstrap exited with {result.returncode}", log_tail)
         _unmount_below(rootfs)
         shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
         shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
@@ -134,7 +135,7 @@ def _unmount_below(root: Path) -> None:
     for line in reversed(mounts):
         target = line.split()[1]
         if target.startswith(str(root) + "/"):
-            subprocess.run(["umount", "-l", target], capture_output=True)
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
 def ensure_image(

@@ -56,7 +56,7 @@ class SandboxPool:
         self._in_use.clear()
         await asyncio.gather(*(sandbox.close() for sandbox in owned), *self._removals, return_exceptions=True)
 
-    async def __aenter__(self) -> SandboxPool:
+    async def __aenter__(self) -> SandboxPool:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

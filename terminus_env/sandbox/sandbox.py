@@ -127,7 +127,7 @@ class Sandbox:
         """Not closed, and its control channel (hence its container) is still up."""
         return not self._closed and not self._channel.closed
 
-    async def __aenter__(self) -> Sandbox:
+    async def __aenter__(self) -> Sandbox:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

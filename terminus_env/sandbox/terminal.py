@@ -59,13 +59,14 @@ class Terminal:
         ]  # fmt: skip
         reply = await channel.request("tmux", 30, argv=argv, user=user)
         if reply["rc"] != 0:
-            raise SandboxError(f"cannot start tmux in the sandbox ({reply['err'].strip()}); the image needs tmux and bash")
+            detail = reply["err"].strip()
+            raise SandboxError(f"cannot start tmux in the sandbox ({detail}); the image needs tmux and bash")
         terminal = cls(channel, int(reply["out"].strip()), user)
         await terminal.send("", 10)  # wait for the login shell's first prompt
         return terminal
 
     async def send(self, keystrokes: str, duration: float) -> float:
-        """Type ``keystrokes``, then wait up to min(duration, 60) s, less if the shell is idle again. Returns seconds waited."""
+        """Type ``keystrokes``, then wait up to min(duration, 60) s, less once the shell is idle. Returns seconds waited."""
         timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
         calls = [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
         started = time.monotonic()
@@ -101,7 +102,8 @@ class Terminal:
 
     async def screen(self) -> str:
         """The visible 160x40 screen now."""
-        reply = await self._request("commands", 30, tmux=TMUX, target=TARGET, commands=[["capture-pane", "-p", "-t", TARGET]])
+        command = ["capture-pane", "-p", "-t", TARGET]
+        reply = await self._request("commands", 30, tmux=TMUX, target=TARGET, commands=[command])
         return _strip_trailing_blank(reply["out"])
 
     async def _screen_output(self) -> TerminalOutput:
