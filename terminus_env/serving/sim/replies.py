@@ -53,7 +53,10 @@ class ScriptedReplies:
     def from_file(cls, path: str | Path) -> ScriptedReplies:
         keyed: list[tuple[str, list[str]]] = []
         cycle: list[str] = []
-        lines = Path(path).read_text().splitlines()
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"scripted replies: cannot read {path}: {exc.strerror}") from exc
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
