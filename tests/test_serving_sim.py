@@ -9,7 +9,7 @@ import signal
 import httpx
 import pytest
 
-from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ServingError
+from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ReplicaUnavailable, ServingError
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.replies import DEFAULT_REPLY, ScriptedReplies, load_reply_source
 from terminus_env.serving.sim.server import ServerConfig, SimServer
@@ -172,3 +172,19 @@ def test_process_serves_and_stops_cleanly_on_sigterm(tmp_path):
         assert proc.wait(timeout=10) == 0
     finally:
         procs.close()
+
+
+def test_an_engine_that_crashes_fails_its_requests_and_health():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            def crash():
+                raise RuntimeError("engine bug")
+
+            server.replicas[0].step = crash  # the engine's next step raises
+            with pytest.raises(ReplicaUnavailable, match="engine bug"):
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=4)
+            with pytest.raises(ReplicaUnavailable, match="engine bug"):  # later requests fail at once
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=4)
+            return await client.health()
+
+    assert run(main()) is False

@@ -48,6 +48,7 @@ class _EngineDriver:
         self._pending: dict[str, asyncio.Future[SimFinished]] = {}
         self._wake = asyncio.Event()
         self._epoch = time.monotonic()
+        self.dead: Exception | None = None
 
     def load(self) -> float:
         """vLLM's own data-parallel balancing score: ``waiting × 4 + running``."""
@@ -55,6 +56,8 @@ class _EngineDriver:
         return m.num_requests_waiting * 4 + m.num_requests_running
 
     async def generate(self, request: SimRequest) -> SimFinished:
+        if self.dead is not None:
+            raise self.dead
         if not self.replica.has_work() and self._time_scale > 0:
             # An idle engine's clock follows the wall clock, so queue times start at arrival.
             self.replica.advance_to((time.monotonic() - self._epoch) / self._time_scale)
@@ -77,6 +80,16 @@ class _EngineDriver:
                 pass
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:  # a dead engine fails its requests and /health, as vLLM's EngineDeadError does
+            self.dead = exc
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(exc)
+            self._pending.clear()
+
+    async def _loop(self) -> None:
         while True:
             if not self.replica.has_work():
                 self._wake.clear()
@@ -165,6 +178,9 @@ class SimServer:
             return exc.response()
 
     async def _health(self, request: Request) -> Response:
+        dead = [d.replica.engine for d in self._drivers if d.dead is not None]
+        if dead:
+            raise _ApiError(503, f"engine(s) {', '.join(dead)} died: {self._drivers[int(dead[0])].dead!r}")
         return Response(200, content_type="text/plain")
 
     async def _metrics(self, request: Request) -> Response:
@@ -189,7 +205,10 @@ class SimServer:
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
         sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(reply) + 1)
-        done = await driver.generate(sim_request)
+        try:
+            done = await driver.generate(sim_request)
+        except Exception as exc:
+            raise _ApiError(500, f"engine {driver.replica.engine} failed: {type(exc).__name__}: {exc}") from exc
         return Response.json(200, self._completion_body(body, request_id, prompt, reply, done))
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
@@ -255,7 +274,8 @@ class _ApiError(Exception):
         self.status = status
 
     def response(self) -> Response:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
+        kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
+            self.status, "InternalServerError")
         error = {"message": str(self), "type": kind, "param": None, "code": self.status}
         return Response.json(self.status, {"error": error})
 
