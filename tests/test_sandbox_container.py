@@ -19,6 +19,7 @@ from terminus_env.sandbox import (
     DockerUnavailable,
     ImageBuildError,
     Sandbox,
+    SandboxError,
     SandboxPool,
     SandboxSpec,
     ensure_image,
@@ -144,15 +145,11 @@ def test_put_dir_put_file_and_read_file(run: Runner, sandbox: Sandbox, tmp_path:
 
 
 def test_put_dir_of_a_missing_folder_is_a_clear_error(run: Runner, sandbox: Sandbox, tmp_path: Path) -> None:
-    from terminus_env.sandbox import SandboxError
-
     with pytest.raises(SandboxError, match="not a folder"):
         run(sandbox.put_dir(tmp_path / "missing", "/x"))
 
 
 def test_missing_image_is_a_clear_error(run: Runner) -> None:
-    from terminus_env.sandbox import SandboxError
-
     with pytest.raises(SandboxError, match="does not exist here"):
         run(Sandbox.start(SandboxSpec("terminus-env/no-such-image:never")))
 
@@ -306,3 +303,13 @@ def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.Docker
             pytest.fail("the container outlived its lifetime_s by 18 s")
     finally:
         run(sandbox.close())
+
+
+def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.DockerClient, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f /usr/bin/python3*\n")
+    tag = ensure_image(tmp_path, "sandbox-test-no-python")
+    try:
+        with pytest.raises(SandboxError, match="needs python3"):
+            run(Sandbox.start(SandboxSpec(tag)))
+    finally:
+        client.images.remove(tag, force=True)

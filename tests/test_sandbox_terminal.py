@@ -8,7 +8,7 @@ import docker
 import pytest
 from sandbox_support import SPEC, Runner, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
-from terminus_env.sandbox import Sandbox, TerminalGone
+from terminus_env.sandbox import Sandbox, SandboxSpec, TerminalGone
 
 pytestmark = pytest.mark.docker
 
@@ -160,3 +160,19 @@ def test_a_killed_container_makes_the_terminal_gone(run: Runner) -> None:
         assert not sandbox.alive
     finally:
         run(sandbox.close())
+
+
+def test_terminal_recovers_when_its_tmux_control_client_dies(run: Runner, sandbox: Sandbox) -> None:
+    step(run, sandbox, "echo before-control-loss\n", 5)  # the agent attaches its control client on first use
+    killed = run(sandbox.exec("pkill -f 'tmu[x] -L terminus -f /dev/null -C' && echo killed", 5))
+    assert killed.output == "killed\n", killed
+    _, text = step(run, sandbox, "echo after-control-loss\n", 5)
+    assert "\nafter-control-loss\n" in text
+
+
+def test_terminal_runs_as_the_spec_user(run: Runner) -> None:
+    for sandbox in sandbox_on(run, SandboxSpec(SPEC.image, user="nobody", workdir="/tmp")):
+        _, text = step(run, sandbox, "id -un; pwd\n", 5)
+        assert "\nnobody\n/tmp\n" in text
+        assert run(sandbox.exec("id -un", 5)).output == "nobody\n"
+        assert run(sandbox.exec("id -un", 5, user="root")).output == "root\n"

@@ -9,7 +9,8 @@ long ``exec`` or a terminal wait does not hold up other requests.
 When its stdin closes, the owner process is gone (even after SIGKILL the kernel closes its
 socket), so the agent stops the container's main process and the container removes itself.
 
-This file is sent as ``python3 -c <source>``; it must not import anything from terminus_env.
+The host sends this file's source as the first line on stdin to a small ``python3 -c`` bootstrap;
+it must not import anything from terminus_env.
 """
 
 import base64
@@ -310,20 +311,9 @@ class ShellExited(Exception):
 class Shell:
     """What /proc and the pty say about the shell in the tmux pane."""
 
-    def __init__(self, pid, patience=10.0):
+    def __init__(self, pid, tty):
         self.pid = pid
-        self.tty = os.open(self.terminal_path(patience), os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-
-    def terminal_path(self, patience):
-        """The shell's pty; right after tmux forks it, stdin may not be the pty yet, so wait a little."""
-        deadline = time.monotonic() + patience
-        while True:
-            path = os.readlink(f"/proc/{self.pid}/fd/0")
-            if path.startswith("/dev/pts/"):
-                return path
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the pane's process {self.pid} has no terminal on stdin ({path})")
-            time.sleep(0.01)
+        self.tty = os.open(tty, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
 
     def close(self):
         os.close(self.tty)
@@ -370,7 +360,7 @@ class Shell:
 def op_send(req):
     """Run the tmux calls that type the keys, then wait until the shell is idle or the time is up."""
     try:
-        shell = Shell(int(req["pane_pid"]))
+        shell = Shell(int(req["pane_pid"]), req["pane_tty"])
     except FileNotFoundError:
         return {"gone": True}
     try:

@@ -20,6 +20,9 @@ import docker
 from terminus_env.sandbox.errors import SandboxError, TerminalGone
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
+# The agent's source comes as the first line on stdin, so `ps` in the sandbox shows this short line only.
+_BOOTSTRAP = 'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-agent","exec"))'
+
 _STDERR_KEEP = 4000
 
 
@@ -39,6 +42,7 @@ class Channel:
     async def open(cls, client: docker.DockerClient, container_id: str) -> Channel:
         sock = await asyncio.to_thread(_start_agent, client, container_id)
         reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(json.dumps(AGENT_SOURCE).encode() + b"\n")  # read by _BOOTSTRAP
         channel = cls(reader, writer)
         try:
             await channel.request("ping", 30)
@@ -123,7 +127,7 @@ def _start_agent(client: docker.DockerClient, container_id: str) -> socket.socke
     try:
         exec_id = client.api.exec_create(
             container_id,
-            ["python3", "-c", AGENT_SOURCE, "--stop-container-on-eof"],
+            ["python3", "-c", _BOOTSTRAP, "--stop-container-on-eof"],
             stdin=True, stdout=True, stderr=True, user="0",
         )["Id"]  # fmt: skip
         raw = client.api.exec_start(exec_id, socket=True)

@@ -40,9 +40,10 @@ class TerminalOutput:
 class Terminal:
     """A 160x40 tmux pane running ``bash --login``; create it with ``Terminal.start``."""
 
-    def __init__(self, channel: Channel, pane_pid: int, user: str | None) -> None:
+    def __init__(self, channel: Channel, pane_pid: int, pane_tty: str, user: str | None) -> None:
         self._channel = channel
         self._pane_pid = pane_pid
+        self._pane_tty = pane_tty
         self._user = user
         self._anchor: tuple[int, str] | None = None  # (absolute line, its text) at the last capture
         self._history: int | None = None  # the pane's history size at the last capture
@@ -55,13 +56,14 @@ class Terminal:
             "set-option", "-g", "history-limit", str(HISTORY_LINES), ";",
             "set-option", "-g", "status", "off", ";",
             "new-session", "-d", "-s", TARGET, "-x", str(WIDTH), "-y", str(HEIGHT),
-            *(["-c", workdir] if workdir else []), "-P", "-F", "#{pane_pid}", "bash", "--login",
+            *(["-c", workdir] if workdir else []), "-P", "-F", "#{pane_pid} #{pane_tty}", "bash", "--login",
         ]  # fmt: skip
         reply = await channel.request("tmux", 30, argv=argv, user=user)
         if reply["rc"] != 0:
             detail = reply["err"].strip()
             raise SandboxError(f"cannot start tmux in the sandbox ({detail}); the image needs tmux and bash")
-        terminal = cls(channel, int(reply["out"].strip()), user)
+        pane_pid, pane_tty = reply["out"].split()
+        terminal = cls(channel, int(pane_pid), pane_tty, user)
         await terminal.send("", 10)  # wait for the login shell's first prompt
         return terminal
 
@@ -70,9 +72,10 @@ class Terminal:
         timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
         calls = [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
         started = time.monotonic()
+        pane = {"pane_pid": self._pane_pid, "pane_tty": self._pane_tty}
         reply = await self._request(
-            "send", timeout + 30, tmux=TMUX, target=TARGET, pane_pid=self._pane_pid, calls=calls, timeout=timeout
-        )  # fmt: skip
+            "send", timeout + 30, tmux=TMUX, target=TARGET, calls=calls, timeout=timeout, **pane
+        )
         if reply.get("error"):
             raise SandboxError(f"sending keys to the terminal failed ({reply['error']})")
         return time.monotonic() - started
