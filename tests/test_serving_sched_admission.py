@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -158,18 +159,43 @@ def test_adaptive_uses_finished_siblings_first() -> None:
 
 
 def test_adaptive_backs_off_at_once_on_preemptions_and_recovers_slowly() -> None:
-    adm = adaptive(recover_after=2, recover_step=0.1)
+    adm = adaptive(recover_after=3, recover_step=0.1)
     observe(adm, 3)
     assert adm.limit == 20
     observe(adm, 1, preemptions=0)
     observe(adm, 1, preemptions=4)  # the counters rose: target × 0.8 right away
     assert adm.target_scale == pytest.approx(0.8)
     assert adm.limit == 16
-    observe(adm, 1, preemptions=4)  # quiet again (the counter did not move)
-    assert adm.limit == 16
-    observe(adm, 7, preemptions=4)
+    observe(adm, 2, preemptions=4)  # quiet again (the counter did not move), but not for long enough
+    assert adm.target_scale == pytest.approx(0.8) and adm.limit == 16
+    observe(adm, 5, preemptions=4)
+    assert adm.target_scale == pytest.approx(1.0)
+    observe(adm, 3, preemptions=4)  # the limit is not binding: no overcommit past 1.0
     assert adm.target_scale == pytest.approx(1.0)
     assert adm.limit == 20
+
+
+def test_adaptive_overcommits_only_while_binding_and_pinned_kv_is_low() -> None:
+    def scrape_at(usage: float) -> dict[str, EngineMetrics]:
+        return {k: dataclasses.replace(m, kv_cache_usage=usage) for k, m in scrape().items()}
+
+    adm = adaptive(max_target_scale=1.5, recover_after=1, recover_step=0.1)
+    observe(adm, 1)
+    while adm.try_acquire(f"s{adm.in_flight}"):
+        pass
+    assert adm.in_flight == adm.limit == 20
+    for _ in range(3):
+        adm.observe(scrape_at(0.95))  # binding, but the engines' KV is pinned: stay at 1.0
+    assert adm.target_scale == 1.0
+    for _ in range(12):  # rollouts keep queueing: every raise is used at once
+        adm.observe(scrape_at(0.30))
+        while adm.try_acquire(f"s{adm.in_flight}"):
+            pass
+    assert adm.target_scale == pytest.approx(1.5)  # capped at max_target_scale
+    assert adm.limit == 30  # 1.5 × 0.8 × 100000 / 4000
+    adm.observe(scrape(preemptions=2))
+    assert adm.target_scale == pytest.approx(1.2) and adm.limit == 24  # in flight stays 30: nothing cancelled
+    assert adm.in_flight == 30
 
 
 def test_adaptive_hysteresis_ignores_a_one_scrape_burst_and_small_moves() -> None:

@@ -125,8 +125,12 @@ class AdaptiveAdmission(Admission):
     On each ``observe`` it predicts every running rollout's final trace length (finished siblings of its
     group first, then finished rollouts at least as long as it is now, then ``prior_trace_tokens``),
     and sets ``limit = running + (target × KV capacity - Σ predictions) // expected new trace``, within
-    ``[min_limit, pipeline_cap]``. ``target`` shrinks by ``backoff`` whenever the engines' preemption
-    counters rise and creeps back after ``recover_after`` quiet observations. Moves smaller than
+    ``[min_limit, pipeline_cap]``, where ``target = target_usage × scale``. ``scale`` drops by
+    ``backoff`` at once whenever the engines' preemption counters rise, and after ``recover_after``
+    quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on up to
+    ``max_target_scale`` (overcommit) only while the limit is what holds rollouts back and no engine
+    has more than ``probe_below_usage`` of its KV pinned (rollouts waiting on tools pin none). With the
+    default ``max_target_scale = 1`` every admitted trace is budgeted to stay resident. Moves smaller than
     ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
     observations in a row, so one burst does not swing it; preemptions lower it at once.
     """
@@ -141,8 +145,10 @@ class AdaptiveAdmission(Admission):
         min_limit: int = 1,
         backoff: float = 0.8,
         min_target_scale: float = 0.3,
-        recover_after: int = 10,
-        recover_step: float = 0.05,
+        max_target_scale: float = 1.0,
+        recover_after: int = 3,
+        recover_step: float = 0.1,
+        probe_below_usage: float = 0.8,
         deadband: float = 0.05,
         patience: int = 3,
         history: int = 512,
@@ -153,6 +159,8 @@ class AdaptiveAdmission(Admission):
             raise ValueError(f"prior_trace_tokens must be positive, got {prior_trace_tokens}")
         if not 0 < target_usage <= 1 or not 0 < backoff < 1 or not 0 < min_target_scale <= 1:
             raise ValueError("target_usage, backoff and min_target_scale must be fractions in (0, 1]")
+        if max_target_scale < 1:
+            raise ValueError(f"max_target_scale must be at least 1, got {max_target_scale}")
         super().__init__()
         self.pipeline_cap = pipeline_cap
         self.prior_trace_tokens = float(prior_trace_tokens)
@@ -160,12 +168,14 @@ class AdaptiveAdmission(Admission):
         self.min_limit = min_limit
         self.backoff = backoff
         self.min_target_scale = min_target_scale
+        self.max_target_scale = max_target_scale
         self.recover_after = recover_after
         self.recover_step = recover_step
+        self.probe_below_usage = probe_below_usage
         self.deadband = deadband
         self.patience = patience
         self._capacity = kv_capacity_tokens
-        self._scale = 1.0  # preemption backoff on target_usage
+        self._scale = 1.0  # preemption backoff (< 1) or probed overcommit (> 1) on target_usage
         self._live: dict[str, int] = {}  # session -> live trace tokens
         self._group_of: dict[str, str | None] = {}
         self._group_finals: dict[str, list[int]] = {}
@@ -224,9 +234,13 @@ class AdaptiveAdmission(Admission):
             self._quiet = 0
         else:
             self._quiet += 1
-            if self._quiet >= self.recover_after and self._scale < 1.0:
-                self._scale = min(1.0, self._scale + self.recover_step)
-                self._quiet = 0
+            # Creep back to 1.0; past it (overcommit) only while the limit is what holds rollouts back
+            # and the engines' pinned KV says there is room (rollouts waiting on tools pin none).
+            usage = max((m.kv_cache_usage for m in metrics.values()), default=1.0)
+            probing = self.in_flight >= self._limit and usage < self.probe_below_usage
+            ceiling = self.max_target_scale if probing else 1.0
+            if self._quiet >= self.recover_after and self._scale < ceiling:
+                self._scale = min(ceiling, self._scale + self.recover_step)
         if not self._calibrated and self._capacity is not None:
             self._limit, self._calibrated = self.desired_limit(), True  # the first real figure: take it
         else:

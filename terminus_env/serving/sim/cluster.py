@@ -56,6 +56,8 @@ class ClusterResult:
     followup_turns: int
     stayed_turns: int  # follow-up turns served by the replica that served the previous turn
     kv_spread: float  # mean over busy scrapes of max - min kv_cache_usage across replicas
+    limit_min: int  # the admission limit, sampled at every scrape
+    limit_max: int
     ttft_p50_s: float
     ttft_p99_s: float
 
@@ -95,6 +97,7 @@ class _Tally:
     finished: int = 0
     ttfts: list[float] = field(default_factory=list)
     spreads: list[float] = field(default_factory=list)
+    limits: list[int] = field(default_factory=list)
 
 
 class Cluster:
@@ -249,6 +252,7 @@ class _Run:
             usage = [m.kv_cache_usage for m in metrics.values()]
             self.tally.spreads.append(max(usage) - min(usage))
         self.admission.observe(metrics)
+        self.tally.limits.append(self.admission.limit)
         self.admit()
         self.push(self.cluster.now + self.cluster.config.scrape_interval_s, "scrape")
 
@@ -276,6 +280,8 @@ class _Run:
             followup_turns=t.followups,
             stayed_turns=t.stayed,
             kv_spread=float(np.mean(t.spreads)) if t.spreads else 0.0,
+            limit_min=min(t.limits, default=self.admission.limit),
+            limit_max=max(t.limits, default=self.admission.limit),
             ttft_p50_s=float(np.percentile(ttfts, 50)),
             ttft_p99_s=float(np.percentile(ttfts, 99)),
         )
