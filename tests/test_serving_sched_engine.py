@@ -204,3 +204,17 @@ def test_arrival_inside_a_step_counts_its_queueing_time() -> None:
     drain(replica)
     done = {f.request_id: f for f in replica.pop_finished()}
     assert done["b"].queued_s == pytest.approx(dt / 2)
+
+
+def test_scripted_output_ids_are_generated_and_cached_for_the_next_turn() -> None:
+    replica = SimReplica(TINY)
+    prompt = tuple(range(10))
+    replica.submit(SimRequest("t0", prompt, max_tokens=8, output_len=6, output_token_ids=(90, 91, 92, 93, 94, 95)))
+    drain(replica)
+    [t0] = replica.pop_finished()
+    assert t0.output_token_ids == (90, 91, 92, 93, 94, 95)
+    # 15 computed tokens: blocks 0-2 are full and cached; the caller's next prompt reuses them.
+    replica.submit(SimRequest("t1", prompt + (90, 91, 92, 93, 94, 95, 1), max_tokens=1, output_len=1))
+    drain(replica)
+    [t1] = replica.pop_finished()
+    assert t1.cached_prompt_tokens == 12

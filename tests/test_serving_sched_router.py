@@ -61,6 +61,17 @@ def test_active_kv_counts_dispatches_the_scrape_has_not_seen() -> None:
     assert r.route("s3") == "b"
 
 
+def test_a_completion_takes_back_exactly_what_its_dispatch_counted() -> None:
+    r, _ = router("active_kv")
+    scrape(r, a=em(0.10), b=em(0.10), c=em(0.45))
+    home = r.route("s")
+    r.on_dispatch(home, "s", 30_000)  # an estimate; the server later reports 6000 real prompt tokens
+    r.on_complete(home, "s", 6_000, 100)
+    other = ({"a", "b"} - {home}).pop()
+    scrape(r, **{other: em(0.12)})  # were 24000 tokens left counted on home, it would now lose
+    assert r.route("t") == home
+
+
 def test_available_kv_reserves_what_idle_sticky_sessions_will_claim_again() -> None:
     # "a" shows the lowest usage because its one session is waiting on a tool: its 20k-token trace is
     # only evictable cache now. active_kv sends the next session there; available_kv does not.

@@ -76,7 +76,7 @@ class _Session:
     key: int  # rendezvous-hash seed from the session id
     trace_tokens: int = 0
     inflight: int = 0
-    dispatch_epoch: dict[str, int] = field(default_factory=dict)
+    unscraped: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica -> (epoch, prompt tokens)
 
 
 class Router:
@@ -258,7 +258,7 @@ class Router:
             home.idle_sessions -= 1
             home.idle_trace_tokens -= session.trace_tokens
         session.inflight += 1
-        session.dispatch_epoch[replica] = r.epoch
+        session.unscraped[replica] = (r.epoch, prompt_tokens)
 
     def on_complete(self, replica: str, session_id: str, prompt_tokens: int, completion_tokens: int) -> None:
         """A request came back (or failed: pass ``completion_tokens=0``)."""
@@ -267,9 +267,10 @@ class Router:
         session = self._sessions.get(session_id)
         if session is None:
             return
-        if session.dispatch_epoch.pop(replica, None) == r.epoch:
+        epoch, dispatched = session.unscraped.pop(replica, (-1, 0))
+        if epoch == r.epoch:  # not in a scrape yet: take back exactly what on_dispatch counted
             r.unscraped_requests -= 1
-            r.unscraped_tokens -= prompt_tokens
+            r.unscraped_tokens -= dispatched
         if session.inflight == 0:
             return
         session.inflight -= 1

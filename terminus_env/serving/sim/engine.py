@@ -93,6 +93,7 @@ class SimRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     output_len: int  # tokens it generates before "stop", unless max_tokens or max_model_len cut it
+    output_token_ids: tuple[int, ...] = ()  # what it generates, when the caller knows; drawn at random past its end
 
 
 @dataclass(frozen=True)
@@ -430,8 +431,12 @@ class SimReplica:
 
     def _sample(self, live: _Live) -> bool:
         """Append one generated token; True when the request is finished."""
-        live.rng = (live.rng * _LCG_MUL + _LCG_ADD) % _LCG_MOD
-        live.tokens.append(live.rng % self.config.vocab_size)
+        scripted = live.req.output_token_ids
+        if live.num_output < len(scripted):
+            live.tokens.append(scripted[live.num_output])
+        else:
+            live.rng = (live.rng * _LCG_MUL + _LCG_ADD) % _LCG_MOD
+            live.tokens.append(live.rng % self.config.vocab_size)
         self._generation_tokens += 1
         return live.num_output >= live.stop_after
 
