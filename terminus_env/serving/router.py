@@ -10,7 +10,7 @@ already includes evictable cached blocks, a replica's load (lower wins) is:
   agent session has one request at a time, so this is the number of live sticky sessions.
 - ``active_kv``: live KV footprint / capacity = ``(kv_cache_usage × capacity + prompt tokens
   dispatched since the last scrape) / capacity``. It counts only blocks pinned by running requests.
-- ``available_kv`` (the default): ``-(available - reserved) / capacity`` where ``available = (free +
+- ``available_kv`` (the default): ``1 - (available - reserved) / capacity`` where ``available = (free +
   evictable cached blocks) × block_size = (1 - kv_cache_usage) × capacity`` and ``reserved`` is what
   the router expects its sessions on that replica to claim soon: the traces of sessions waiting on a
   tool (their KV is evictable now but they will pin it again), one expected turn of growth per live
@@ -185,23 +185,19 @@ class Router:
         return float(r.inflight)
 
     def _load_active_kv(self, r: _Replica) -> float:
-        m = self._fresh(r)
-        if m is None:
-            return _SATURATED
-        capacity = m.kv_capacity_tokens
-        if not capacity:
-            return m.kv_cache_usage
-        return m.kv_cache_usage + r.unscraped_tokens / capacity
+        return self._kv_load(r, r.unscraped_tokens)
 
     def _load_available_kv(self, r: _Replica) -> float:
+        """``1 - (available - reserved) / capacity``: the same order as the module docstring's score."""
+        return self._kv_load(r, r.idle_trace_tokens + self._turn_growth * r.sessions + r.unscraped_tokens)
+
+    def _kv_load(self, r: _Replica, extra_tokens: float) -> float:
+        """``kv_cache_usage + extra_tokens / capacity`` from a fresh scrape; saturated without one."""
         m = self._fresh(r)
         if m is None:
             return _SATURATED
         capacity = m.kv_capacity_tokens
-        if not capacity:
-            return m.kv_cache_usage
-        reserved = r.idle_trace_tokens + self._turn_growth * r.sessions + r.unscraped_tokens
-        return -((1.0 - m.kv_cache_usage) - reserved / capacity)
+        return m.kv_cache_usage + extra_tokens / capacity if capacity else m.kv_cache_usage
 
     def _load_vllm_internal(self, r: _Replica) -> float:
         m = self._fresh(r)
