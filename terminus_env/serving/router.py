@@ -22,6 +22,12 @@ Baselines: ``round_robin`` (sticky), ``least_requests`` (sticky, in-flight reque
 dispatch and released on completion, as verl does), ``vllm_internal`` (``waiting × 4 + running``,
 not sticky) and ``consistent_hash`` (rendezvous hash of the session id; sticky by construction).
 
+The expected growth per turn is a running average of how much a session's trace grew between its
+turns (``turn_growth_prior_tokens`` until the first is seen). With ``group_affinity``, a new session
+whose GRPO siblings are live goes where most of them are, while that replica's load is within
+``group_slack`` of the best (a fraction of capacity for the KV policies; ``max(1, slack × best)``
+sessions for the count policies): siblings share a prompt prefix, but often also a task's length.
+
 Metrics older than ``metrics_max_age_s`` make a replica count as saturated for the metric policies:
 it gets new sessions only when every replica is stale, and then the router's own counts decide.
 Ties are broken by a rendezvous hash of the session id, so placement is deterministic.
