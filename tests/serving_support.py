@@ -24,8 +24,9 @@ class SimProcesses:
 
     def start(self, *args: str, port: int = 0) -> tuple[subprocess.Popen, str]:
         cmd = [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", str(port), *args]
-        log = open(self._log_dir / f"sim-{len(self.procs)}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        log = self._log_dir / f"sim-{len(self.procs)}.log"
+        with open(log, "w") as stderr:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
         self.procs.append(proc)
         line = proc.stdout.readline()  # the server prints its URL once it listens
         match = _LISTENING.search(line)

@@ -112,14 +112,31 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
     env, records = stub_path
     env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"
     port = _free_ports(2)
-    with _launched(env, "--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port),
-                   "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9") as proc:
+    with _launched(
+        env,
+        "--model",
+        "tiny",
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--port",
+        str(port),
+        "--planned-concurrency",
+        "600",
+        "--",
+        "--gpu-memory-utilization",
+        "0.9",
+    ) as proc:
         lines = _read_until_ready(proc)
         assert f"  http://127.0.0.1:{port}  (GPUs 4,5)" in lines
         assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7)" in lines
         for i in range(2):
-            reply = httpx.post(f"http://127.0.0.1:{port + i}/v1/chat/completions", timeout=10, json={
-                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).json()
+            reply = httpx.post(
+                f"http://127.0.0.1:{port + i}/v1/chat/completions",
+                timeout=10,
+                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            ).json()
             assert reply["usage"]["completion_tokens"] == 2
         seen = _records(records)
         assert [r["cuda"] for r in seen] == ["4,5", "6,7"]
@@ -133,11 +150,13 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
         assert _wait_dead([r["pid"] for r in seen])
 
 
-def test_when_one_replica_dies_the_others_are_stopped(stub_path):
+def test_when_one_replica_dies_the_others_are_stopped(stub_path, tmp_path):
     env, records = stub_path
     port = _free_ports(3)
-    with _launched(env, "--model", "tiny", "--dp", "3", "--port", str(port)) as proc:
+    logs = tmp_path / "logs"
+    with _launched(env, "--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs)) as proc:
         _read_until_ready(proc)
+        assert f"on http://127.0.0.1:{port + 2}" in (logs / "replica-2.log").read_text()
         seen = _records(records)
         assert len(seen) == 3
         os.kill(seen[1]["pid"], signal.SIGKILL)

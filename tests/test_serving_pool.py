@@ -24,8 +24,13 @@ def run(coro, timeout=90):
     return asyncio.run(asyncio.wait_for(coro, timeout=timeout))
 
 
-async def rollout(pool: ServingPool, session_id: str, turns: int, group_id: str | None = None,
-                  first_turn_done: asyncio.Event | None = None) -> list[str]:
+async def rollout(
+    pool: ServingPool,
+    session_id: str,
+    turns: int,
+    group_id: str | None = None,
+    first_turn_done: asyncio.Event | None = None,
+) -> list[str]:
     """A minimal agent loop: ``turns`` chat turns in one session; returns the replica of each turn."""
     messages = [{"role": "user", "content": f"task for {session_id}: do the thing"}]
     replicas = []
@@ -41,14 +46,17 @@ async def rollout(pool: ServingPool, session_id: str, turns: int, group_id: str 
 
 def test_sessions_stick_and_spread():
     async def main():
-        async with SimServer(FAST) as a, SimServer(FAST) as b:
-            async with ServingPool([a.url, b.url], "m", policy="requests", scrape_interval_s=0.05) as pool:
-                sessions = [f"s{i}" for i in range(6)]
-                runs = await asyncio.gather(*(rollout(pool, s, 4) for s in sessions))
-                released = [pool.router.replica_of(s) for s in sessions]
-                await asyncio.sleep(0.2)  # a scrape after the last turn
-                hits = sum(m.prefix_cache_hits_total for m in pool.latest_metrics().values())
-                return runs, released, hits, [a.url, b.url]
+        async with (
+            SimServer(FAST) as a,
+            SimServer(FAST) as b,
+            ServingPool([a.url, b.url], "m", policy="requests", scrape_interval_s=0.05) as pool,
+        ):
+            sessions = [f"s{i}" for i in range(6)]
+            runs = await asyncio.gather(*(rollout(pool, s, 4) for s in sessions))
+            released = [pool.router.replica_of(s) for s in sessions]
+            await asyncio.sleep(0.2)  # a scrape after the last turn
+            hits = sum(m.prefix_cache_hits_total for m in pool.latest_metrics().values())
+            return runs, released, hits, [a.url, b.url]
 
     runs, released, hits, urls = run(main())
     assert all(len(set(r)) == 1 and len(r) == 4 for r in runs)  # every turn of a session on one replica
@@ -63,8 +71,12 @@ def test_new_sessions_go_to_the_least_loaded_replica():
 
     async def main():
         async with SimServer(slow, preload) as busy, SimServer(FAST) as idle, ReplicaClient(busy.url) as direct:
-            loading = [asyncio.create_task(direct.chat("m", [{"role": "user", "content": f"PRELOAD {i} " + "ctx " * 3000}],
-                                                       max_tokens=1000)) for i in range(4)]
+            loading = [
+                asyncio.create_task(
+                    direct.chat("m", [{"role": "user", "content": f"PRELOAD {i} " + "ctx " * 3000}], max_tokens=1000)
+                )
+                for i in range(4)
+            ]
             while busy.replicas[0].metrics().num_requests_running < 4:
                 await asyncio.sleep(0.02)
             async with ServingPool([busy.url, idle.url], "m", scrape_interval_s=0.1) as pool:
@@ -148,8 +160,9 @@ def test_failover_when_a_server_process_dies(tmp_path):
     async def main():
         victim, victim_url = procs.start(*args)
         _, survivor_url = procs.start(*args)
-        async with ServingPool([victim_url, survivor_url], "m", policy="requests", scrape_interval_s=0.1,
-                               failover_timeout_s=30) as pool:
+        async with ServingPool(
+            [victim_url, survivor_url], "m", policy="requests", scrape_interval_s=0.1, failover_timeout_s=30
+        ) as pool:
             done = [asyncio.Event() for _ in range(4)]
             runs = asyncio.gather(*(rollout(pool, f"s{i}", 3, first_turn_done=done[i]) for i in range(4)))
             for event in done:

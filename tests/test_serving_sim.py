@@ -25,8 +25,10 @@ def run(coro):
 def test_turns_share_their_prefix_and_carry_token_ids():
     async def main():
         async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
-            messages = [{"role": "system", "content": "You drive a terminal. " * 10},
-                        {"role": "user", "content": "Task: list the files."}]
+            messages = [
+                {"role": "system", "content": "You drive a terminal. " * 10},
+                {"role": "user", "content": "Task: list the files."},
+            ]
             first = await client.chat("m", messages, max_tokens=1000)
             messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "ok, go on"}]
             second = await client.chat("m", messages, max_tokens=1000)
@@ -40,7 +42,8 @@ def test_turns_share_their_prefix_and_carry_token_ids():
     assert len(first.logprobs) == first.completion_tokens and all(lp <= 0 for lp in first.logprobs)
     # The second prompt starts with the first prompt and the first reply, token for token.
     assert second.prompt_token_ids[: first.prompt_tokens + first.completion_tokens] == (
-        first.prompt_token_ids + first.token_ids)
+        first.prompt_token_ids + first.token_ids
+    )
     m = engines["0"]
     assert m.prompt_tokens_total == first.prompt_tokens + second.prompt_tokens
     assert m.generation_tokens_total == first.completion_tokens + second.completion_tokens
@@ -69,8 +72,10 @@ def test_context_length_errors_match_vllm():
                 with pytest.raises(ContextLengthExceeded) as info:
                     await client.chat("m", [{"role": "user", "content": content}], max_tokens=max_tokens)
                 errors.append(str(info.value))
-            raw = await client._http.post("/v1/chat/completions", json={
-                "model": "m", "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 1})
+            raw = await client._http.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 1},
+            )
             return errors, raw
 
     (too_long, too_many), raw = run(main())
@@ -105,8 +110,9 @@ def test_engines_share_a_port_and_a_rank_header_pins_one():
     async def main():
         async with SimServer(config) as server, ReplicaClient(server.url) as client:
             for _ in range(3):
-                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=8,
-                                  headers={"X-data-parallel-rank": "1"})
+                await client.chat(
+                    "m", [{"role": "user", "content": "hi"}], max_tokens=8, headers={"X-data-parallel-rank": "1"}
+                )
             text = (await client._http.get("/metrics")).text
             return await client.metrics(), text
 
@@ -120,10 +126,16 @@ def test_engines_share_a_port_and_a_rank_header_pins_one():
 
 def test_scripted_replies_cycle_and_key(tmp_path):
     script = tmp_path / "replies.jsonl"
-    script.write_text("\n".join(json.dumps(x) for x in (
-        {"reply": "one"}, {"reply": "two"},
-        {"match": "fix the bug", "replies": ["first turn", "second turn"]},
-    )))
+    script.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in (
+                {"reply": "one"},
+                {"reply": "two"},
+                {"match": "fix the bug", "replies": ["first turn", "second turn"]},
+            )
+        )
+    )
     source = ScriptedReplies.from_file(script)
     task = [{"role": "user", "content": "please fix the bug"}]
     assert source(task) == "first turn"
@@ -150,8 +162,10 @@ def test_a_failing_reply_source_is_a_5xx():
 
     async def main():
         async with SimServer(FAST, replies=broken) as server, ReplicaClient(server.url) as client:
-            return await client._http.post("/v1/chat/completions", json={
-                "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            return await client._http.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            )
 
     response = run(main())
     assert response.status_code == 500 and "oracle crashed" in response.json()["error"]["message"]
@@ -162,10 +176,14 @@ def test_process_serves_and_stops_cleanly_on_sigterm(tmp_path):
 
     procs = SimProcesses(tmp_path)
     try:
-        proc, url = procs.start("--model", "m", "--engines", "2", "--num-gpu-blocks", "128", "--max-model-len", "512",
-                                "--time-scale", "0")
-        reply = httpx.post(f"{url}/v1/chat/completions", json={
-            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, timeout=10).json()
+        proc, url = procs.start(
+            "--model", "m", "--engines", "2", "--num-gpu-blocks", "128", "--max-model-len", "512", "--time-scale", "0"
+        )
+        reply = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            timeout=10,
+        ).json()
         assert reply["choices"][0]["finish_reason"] == "length"
         assert 'num_gpu_blocks="128"' in httpx.get(f"{url}/metrics", timeout=10).text
         proc.send_signal(signal.SIGTERM)
@@ -177,6 +195,7 @@ def test_process_serves_and_stops_cleanly_on_sigterm(tmp_path):
 def test_an_engine_that_crashes_fails_its_requests_and_health():
     async def main():
         async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+
             def crash():
                 raise RuntimeError("engine bug")
 

@@ -18,7 +18,16 @@ _EXPORTS = {
     "EngineMetrics": "terminus_env.serving.metrics",
     "parse_metrics": "terminus_env.serving.metrics",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Completion",
+    "ContextLengthExceeded",
+    "EngineMetrics",
+    "ReplicaClient",
+    "ReplicaUnavailable",
+    "ServingError",
+    "ServingPool",
+    "parse_metrics",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -54,8 +54,10 @@ def kv_bytes_per_token(config: Mapping[str, Any] | str | PathLike[str], dtype_by
     else:
         hidden = _config_int(cfg, "hidden_size")
         if hidden % heads:
-            raise ValueError(f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                             "add an explicit head_dim")
+            raise ValueError(
+                f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                "add an explicit head_dim"
+            )
         head_dim = hidden // heads
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
@@ -92,8 +94,10 @@ def requests_per_replica_from_metrics(metrics: EngineMetrics, avg_trace_tokens: 
     """``x`` measured on a live replica: its KV pool in tokens (``num_gpu_blocks × block_size``)."""
     capacity = metrics.kv_capacity_tokens
     if capacity is None:
-        raise ValueError(f"engine {metrics.engine!r} does not report num_gpu_blocks/block_size "
-                         "(vllm:cache_config_info): is it a vLLM V1 server that finished profiling?")
+        raise ValueError(
+            f"engine {metrics.engine!r} does not report num_gpu_blocks/block_size "
+            "(vllm:cache_config_info): is it a vLLM V1 server that finished profiling?"
+        )
     _require_positive("avg_trace_tokens", avg_trace_tokens)
     return capacity / avg_trace_tokens
 

@@ -48,8 +48,14 @@ class Completion:
 class ReplicaClient:
     """One vLLM server at ``base_url`` (``http://host:port``, with or without ``/v1``)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         # Agents keep many sessions open at once; httpx's default pool of 100 would queue them here.
@@ -65,11 +71,25 @@ class ReplicaClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def chat(self, model: str, messages: list[dict], *, max_tokens: int, logprobs: bool = True,
-                   headers: dict[str, str] | None = None, **sampling: Any) -> Completion:
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        logprobs: bool = True,
+        headers: dict[str, str] | None = None,
+        **sampling: Any,
+    ) -> Completion:
         """One ``/v1/chat/completions`` call asking for prompt and output token ids."""
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "logprobs": logprobs,
-                "return_token_ids": True, **sampling}
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "logprobs": logprobs,
+            "return_token_ids": True,
+            **sampling,
+        }
         response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
         return self._completion(response)
 

@@ -8,6 +8,7 @@ replica. Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="terminus-env serve",
         description="Start N vLLM data-parallel replicas, each on its own GPUs and port. "
-                    "Arguments after `--` go to every `vllm serve`.",
+        "Arguments after `--` go to every `vllm serve`.",
     )
     parser.add_argument("--model", required=True, help="model path or Hugging Face name")
     parser.add_argument("--dp", type=int, default=1, help="replicas (data-parallel ranks)")
@@ -55,8 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="first replica's port; replica i uses port+i")
     parser.add_argument("--host", help="address to bind (vLLM's default: all interfaces)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM's per-replica cap on running requests")
-    parser.add_argument("--planned-concurrency", type=int,
-                        help="rollouts you will keep in flight across all replicas (checks --max-num-seqs)")
+    parser.add_argument(
+        "--planned-concurrency",
+        type=int,
+        help="rollouts you will keep in flight across all replicas (checks --max-num-seqs)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
@@ -70,23 +74,35 @@ def plan(args: argparse.Namespace, extra: Sequence[str], vllm: str, visible_gpus
             raise LaunchError(f"--{name} must be at least 1, got {getattr(args, name)}")
     owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
     if owned:
-        raise LaunchError(f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
-                          "use --dp, --tp, --port and --max-num-seqs instead")
+        raise LaunchError(
+            f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
+            "use --dp, --tp, --port and --max-num-seqs instead"
+        )
     max_num_seqs = _max_num_seqs(args.max_num_seqs, args.planned_concurrency, args.dp)
     gpus = visible_gpus.split(",") if visible_gpus else [str(i) for i in range(args.dp * args.tp)]
     if len(gpus) < args.dp * args.tp:
-        raise LaunchError(f"--dp {args.dp} × --tp {args.tp} needs {args.dp * args.tp} GPUs but "
-                          f"{CUDA_VISIBLE_DEVICES}={visible_gpus} lists {len(gpus)}")
+        raise LaunchError(
+            f"--dp {args.dp} × --tp {args.tp} needs {args.dp * args.tp} GPUs but "
+            f"{CUDA_VISIBLE_DEVICES}={visible_gpus} lists {len(gpus)}"
+        )
     replicas = []
     for i in range(args.dp):
         port = args.port + i
-        argv = [vllm, "serve", args.model, "--port", str(port), "--tensor-parallel-size", str(args.tp),
-                "--enable-prefix-caching"]
+        argv = [
+            vllm,
+            "serve",
+            args.model,
+            "--port",
+            str(port),
+            "--tensor-parallel-size",
+            str(args.tp),
+            "--enable-prefix-caching",
+        ]
         if args.host:
             argv += ["--host", args.host]
         if max_num_seqs is not None:
             argv += ["--max-num-seqs", str(max_num_seqs)]
-        replicas.append(Replica(i, port, tuple(gpus[i * args.tp:(i + 1) * args.tp]), tuple(argv + list(extra))))
+        replicas.append(Replica(i, port, tuple(gpus[i * args.tp : (i + 1) * args.tp]), tuple(argv + list(extra))))
     return replicas
 
 
@@ -128,7 +144,9 @@ def main(argv: list[str]) -> int:
     vllm = shutil.which("vllm")
     try:
         if vllm is None:
-            raise LaunchError("the `vllm` executable is not on PATH; install the extra: pip install 'terminus-env[vllm]'")
+            raise LaunchError(
+                "the `vllm` executable is not on PATH; install the extra: pip install 'terminus-env[vllm]'"
+            )
         replicas = plan(args, extra, vllm, env_str(CUDA_VISIBLE_DEVICES))
     except LaunchError as exc:
         print(f"terminus-env serve: {exc}", file=sys.stderr)
@@ -162,23 +180,26 @@ def _split_extra(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
         cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1 :]
     return argv, []
 
 
 def _start(replica: Replica, log_dir: Path | None) -> subprocess.Popen:
     env = {**os.environ, CUDA_VISIBLE_DEVICES: ",".join(replica.gpus)}
-    out = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(log_dir / f"replica-{replica.index}.log", "ab")
-    try:
+    log = open(log_dir / f"replica-{replica.index}.log", "ab") if log_dir else contextlib.nullcontext()  # noqa: SIM115
+    with log as out:  # the child keeps its own copy of the descriptor
         # Its own process group, so stopping it reaches the engine and worker processes vLLM forks.
-        return subprocess.Popen(replica.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-    finally:
-        if out is not None:
-            out.close()
+        return subprocess.Popen(
+            replica.argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 (the launcher runs no threads)
+        )
 
 
 def _die_with_parent() -> None:
@@ -199,8 +220,10 @@ def _wait_healthy(replicas: list[Replica], procs: list[subprocess.Popen], timeou
             _check_alive(replicas, procs, "while starting")
             pending = [r for r in pending if not _healthy(http, r.url)]
             if pending and time.monotonic() > deadline:
-                raise LaunchError(f"replica(s) {', '.join(r.url for r in pending)} not healthy after {timeout_s:.0f}s "
-                                  "(raise --startup-timeout for large models, or see their logs)")
+                raise LaunchError(
+                    f"replica(s) {', '.join(r.url for r in pending)} not healthy after {timeout_s:.0f}s "
+                    "(raise --startup-timeout for large models, or see their logs)"
+                )
             if pending:
                 time.sleep(0.5)
 

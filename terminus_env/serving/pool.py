@@ -75,8 +75,12 @@ class ServingPool:
             if client.base_url in self._clients:
                 raise ValueError(f"replica {client.base_url} is listed twice")
             self._clients[client.base_url] = client
-        self.router = Router(list(self._clients), policy, group_affinity=group_affinity,
-                             metrics_max_age_s=max(5.0, 3 * scrape_interval_s))
+        self.router = Router(
+            list(self._clients),
+            policy,
+            group_affinity=group_affinity,
+            metrics_max_age_s=max(5.0, 3 * scrape_interval_s),
+        )
         self._down: set[str] = set()
         self._metrics: dict[str, EngineMetrics] = {}
         self._sessions: dict[str, _SessionState] = {}
@@ -133,8 +137,9 @@ class ServingPool:
                 self.admission.release(session_id, state.trace_tokens)
             self.router.release(session_id)
 
-    async def chat(self, session_id: str, messages: list[dict], *, max_tokens: int, group_id: str | None = None,
-                   **sampling: Any) -> Completion:
+    async def chat(
+        self, session_id: str, messages: list[dict], *, max_tokens: int, group_id: str | None = None, **sampling: Any
+    ) -> Completion:
         """The session's next turn, on its replica; on a replica failure, the same turn elsewhere.
 
         Raises :class:`ContextLengthExceeded` when the conversation no longer fits the model, and
@@ -149,8 +154,7 @@ class ServingPool:
             replica = await self._route(session_id, group_id, deadline, last_error)
             self.router.on_dispatch(replica, session_id, estimate)
             try:
-                completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens,
-                                                               **sampling)
+                completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)
             except ReplicaUnavailable as exc:
                 self.router.on_complete(replica, session_id, estimate, 0)
                 self._mark_down(replica, exc)
@@ -168,8 +172,7 @@ class ServingPool:
             self.admission.on_turn(session_id, state.trace_tokens)
         return completion
 
-    async def _route(self, session_id: str, group_id: str | None, deadline: float,
-                     last_error: Exception | None) -> str:
+    async def _route(self, session_id: str, group_id: str | None, deadline: float, last_error: Exception | None) -> str:
         """A replica for the session, waiting for the health probe while every replica is down."""
         loop = asyncio.get_running_loop()
         while True:

@@ -24,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=int, default=SimConfig.block_size)
     serve.add_argument("--max-model-len", type=int, default=SimConfig.max_model_len)
     serve.add_argument("--max-num-seqs", type=int, default=SimConfig.max_num_seqs)
-    serve.add_argument("--time-scale", type=float, default=1.0,
-                       help="real seconds per simulated second (0: as fast as possible)")
+    serve.add_argument(
+        "--time-scale", type=float, default=1.0, help="real seconds per simulated second (0: as fast as possible)"
+    )
     replies = serve.add_mutually_exclusive_group()
     replies.add_argument("--replies", metavar="FILE", help="scripted replies, JSON lines (see ScriptedReplies)")
     replies.add_argument("--reply-source", metavar="MODULE:CALLABLE", help="a callable (messages) -> reply text")
@@ -57,8 +58,12 @@ async def _serve(config: ServerConfig, replies: ReplySource, host: str, port: in
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        engine = SimConfig(num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
-                           max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+        engine = SimConfig(
+            num_gpu_blocks=args.num_gpu_blocks,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+        )
         config = ServerConfig(model=args.model, engines=args.engines, engine=engine, time_scale=args.time_scale)
         replies = _reply_source(args)
     except (ValueError, OSError) as exc:

@@ -18,10 +18,53 @@ from prometheus_client.registry import Collector
 from terminus_env.serving.sim.engine import SimFinished, SimReplica
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                 40.0, 80.0, 160.0, 640.0, 2560.0)
-_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                    480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 _LABELS = ["model_name", "engine"]
 _GAUGES = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_requests_running"),
@@ -32,8 +75,11 @@ _COUNTERS = (
     ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions_total"),
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_total"),
     ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens_total"),
-    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-     "prefix_cache_queries_total"),
+    (
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries_total",
+    ),
     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits_total"),
 )
 
@@ -56,12 +102,16 @@ class _EngineCollector(Collector):
             for m in snapshots:
                 family.add_metric([self._model, m.engine], getattr(m, field), created=self._created)
             yield family
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=["block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"])
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"],
+        )
         for replica in self._replicas:
             cfg = replica.config
-            info.add_metric([str(cfg.block_size), str(cfg.enable_prefix_caching), replica.engine,
-                             str(cfg.num_gpu_blocks)], 1.0)
+            info.add_metric(
+                [str(cfg.block_size), str(cfg.enable_prefix_caching), replica.engine, str(cfg.num_gpu_blocks)], 1.0
+            )
         yield info
 
 
@@ -72,12 +122,15 @@ class Exposition:
         self._model = model
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(model, replicas, time.time()))
-        self._ttft = self._histogram("vllm:time_to_first_token_seconds",
-                                     "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
-        self._e2e = self._histogram("vllm:e2e_request_latency_seconds",
-                                    "Histogram of e2e request latency in seconds.", _REQUEST_BUCKETS)
-        self._queue = self._histogram("vllm:request_queue_time_seconds",
-                                      "Histogram of time spent in WAITING phase for request.", _REQUEST_BUCKETS)
+        self._ttft = self._histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
+        )
+        self._e2e = self._histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _REQUEST_BUCKETS
+        )
+        self._queue = self._histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _REQUEST_BUCKETS
+        )
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         return Histogram(name, doc, labelnames=_LABELS, buckets=buckets, registry=self.registry)

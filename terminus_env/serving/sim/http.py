@@ -70,8 +70,12 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
 
 def encode_response(response: Response, keep_alive: bool) -> bytes:
     reason = HTTPStatus(response.status).phrase
-    head = [f"HTTP/1.1 {response.status} {reason}", f"content-type: {response.content_type}",
-            f"content-length: {len(response.body)}", f"connection: {'keep-alive' if keep_alive else 'close'}"]
+    head = [
+        f"HTTP/1.1 {response.status} {reason}",
+        f"content-type: {response.content_type}",
+        f"content-length: {len(response.body)}",
+        f"connection: {'keep-alive' if keep_alive else 'close'}",
+    ]
     head += [f"{name}: {value}" for name, value in response.headers.items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body
 

@@ -64,8 +64,9 @@ class ScriptedReplies:
                 entry = json.loads(line)
                 replies = entry["replies"] if "replies" in entry else [entry["reply"]]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: expected {{\"reply\": ...}} or "
-                                 f"{{\"match\": ..., \"replies\": [...]}} ({exc})") from exc
+                raise ValueError(
+                    f'{path}:{number}: expected {{"reply": ...}} or {{"match": ..., "replies": [...]}} ({exc})'
+                ) from exc
             if not replies or not all(isinstance(r, str) for r in replies):
                 raise ValueError(f"{path}:{number}: replies must be a non-empty list of strings")
             if "match" in entry:

@@ -187,8 +187,15 @@ class SimServer:
         return Response(200, self._exposition.render(), content_type=CONTENT_TYPE)
 
     async def _models(self, request: Request) -> Response:
-        card = {"id": self.config.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": self.config.model, "parent": None, "max_model_len": self.config.engine.max_model_len}
+        card = {
+            "id": self.config.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.engine.max_model_len,
+        }
         return Response.json(200, {"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
@@ -215,28 +222,36 @@ class SimServer:
         """vLLM's two context-length refusals, word for word where clients parse them."""
         limit = self.config.engine.max_model_len
         if prompt_len >= limit:
-            raise _ApiError(400, f"This model's maximum context length is {limit} tokens. However, your request "
-                                 f"has {prompt_len} input tokens. Please reduce the length of the input messages.")
+            raise _ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
+            )
         if max_tokens is None:
             return limit - prompt_len
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
         if prompt_len + max_tokens > limit:
-            raise _ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-                                 f"maximum context length is {limit} tokens and your request has {prompt_len} input "
-                                 f"tokens ({max_tokens} > {limit} - {prompt_len}).")
+            raise _ApiError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                f"maximum context length is {limit} tokens and your request has {prompt_len} input "
+                f"tokens ({max_tokens} > {limit} - {prompt_len}).",
+            )
         return max_tokens
 
     def _pick_engine(self, rank: str | None) -> _EngineDriver:
         if rank is None:
             return min(self._drivers, key=_EngineDriver.load)
         if not rank.isdigit() or int(rank) >= len(self._drivers):
-            raise _ApiError(400, f"{DP_RANK_HEADER}: {rank!r} is not an engine of this server "
-                                 f"(0..{len(self._drivers) - 1})")
+            raise _ApiError(
+                400, f"{DP_RANK_HEADER}: {rank!r} is not an engine of this server (0..{len(self._drivers) - 1})"
+            )
         return self._drivers[int(rank)]
 
-    def _completion_body(self, body: dict, request_id: str, prompt: list[int], reply: list[str],
-                         done: SimFinished) -> dict:
+    def _completion_body(
+        self, body: dict, request_id: str, prompt: list[int], reply: list[str], done: SimFinished
+    ) -> dict:
         kept = reply[: done.output_tokens]
         texts = kept + ["<|im_end|>"] * (done.output_tokens - len(kept))
         ids = [token_id(piece) for piece in kept] + [IM_END] * (done.output_tokens - len(kept))
@@ -275,7 +290,8 @@ class _ApiError(Exception):
 
     def response(self) -> Response:
         kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
-            self.status, "InternalServerError")
+            self.status, "InternalServerError"
+        )
         error = {"message": str(self), "type": kind, "param": None, "code": self.status}
         return Response.json(self.status, {"error": error})
 
@@ -298,6 +314,8 @@ def _chat_body(request: Request) -> tuple[dict, list[int]]:
 
 def _logprobs(texts: list[str], ids: list[int]) -> dict:
     """Deterministic, plausible log-probabilities in (-4, 0] (the simulator samples nothing)."""
-    content = [{"token": text, "logprob": -((tid % 4000) / 1000.0), "bytes": list(text.encode()), "top_logprobs": []}
-               for text, tid in zip(texts, ids)]
+    content = [
+        {"token": text, "logprob": -((tid % 4000) / 1000.0), "bytes": list(text.encode()), "top_logprobs": []}
+        for text, tid in zip(texts, ids)
+    ]
     return {"content": content}
