@@ -31,7 +31,7 @@ SPEC = SandboxSpec(BASE_IMAGE)
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1000:8.1f} ms"
+    return f"{seconds * 1000:8.2f} ms"
 
 
 def row(label: str, ours: str, baseline: str = "", note: str = "") -> None:
