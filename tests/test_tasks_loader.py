@@ -305,3 +305,11 @@ def test_task_table_lists_the_suite(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].split() == ["name", "category", "difficulty", "agent", "timeout"]
     assert len(lines) == 2 + len(SUITE)
     assert any(line.split()[0] == "hello-world" and "easy" in line for line in lines)
+
+
+def test_instruction_not_utf8(tmp_path: Path) -> None:
+    folder = harbor_task(tmp_path)
+    (folder / "instruction.md").write_bytes(b"caf\xe9\n")
+    with pytest.raises(TaskError) as error:
+        load_task(folder)
+    broken([str(folder / "instruction.md"), "UTF-8"], error)

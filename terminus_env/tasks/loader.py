@@ -103,13 +103,20 @@ def find_task(name_or_path: str | Path, search: list[Path] | None = None) -> Tas
     raise TaskError(f"no task named {str(name_or_path)!r} in {where}{suggestion}")
 
 
+def _read_text(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{file}: not UTF-8 text ({exc}); save it as UTF-8") from exc
+
+
 # --- Harbor / Terminal-Bench 2 -------------------------------------------------------------------
 
 
 def _load_harbor(path: Path) -> Task:
     toml_file = path / "task.toml"
     try:
-        config = tomllib.loads(toml_file.read_text(encoding="utf-8"))
+        config = tomllib.loads(_read_text(toml_file))
     except tomllib.TOMLDecodeError as exc:
         raise TaskError(f"{toml_file}: TOML syntax error: {exc}") from exc
     fields = _Fields(toml_file, config)
@@ -139,7 +146,7 @@ def _load_harbor(path: Path) -> Task:
 
     return Task(
         name=path.name,
-        instruction=instruction_file.read_text(encoding="utf-8"),
+        instruction=_read_text(instruction_file),
         path=path,
         source_format="harbor",
         tests_dir=tests_dir,
@@ -179,7 +186,7 @@ def _unknown_harbor_fields(config: Mapping[str, Any]) -> dict[str, Any]:
 def _load_tb1(path: Path) -> Task:
     yaml_file = path / "task.yaml"
     try:
-        config = yaml.safe_load(yaml_file.read_text(encoding="utf-8"))
+        config = yaml.safe_load(_read_text(yaml_file))
     except yaml.YAMLError as exc:
         raise TaskError(f"{yaml_file}: YAML syntax error: {exc}") from exc
     fields = _Fields(yaml_file, config if config is not None else {})
