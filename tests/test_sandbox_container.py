@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -313,3 +314,20 @@ def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.D
             run(Sandbox.start(SandboxSpec(tag)))
     finally:
         client.images.remove(tag, force=True)
+
+
+def test_pool_skips_a_warm_sandbox_that_died(run: Runner, client: docker.DockerClient) -> None:
+    async def scenario() -> tuple[str, str, str]:
+        async with SandboxPool(warm_per_spec=1) as pool:
+            await pool.release(await pool.acquire(SPEC))
+            await pool.wait_warm()
+            warm = pool._warm[SPEC][0]
+            client.api.kill(warm.id)
+            while warm.alive:
+                await asyncio.sleep(0.05)
+            fresh = await pool.acquire(SPEC)
+            await fresh.terminal.send("echo fresh\n", 5)
+            return warm.id, fresh.id, (await fresh.terminal.capture_new()).text
+
+    dead_id, fresh_id, text = run(scenario())
+    assert fresh_id != dead_id and "\nfresh\n" in text

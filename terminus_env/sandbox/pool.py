@@ -42,9 +42,7 @@ class SandboxPool:
     async def release(self, sandbox: Sandbox) -> None:
         """Hand a sandbox back; it is removed in the background."""
         self._in_use.discard(sandbox)
-        task = asyncio.get_running_loop().create_task(sandbox.close())
-        self._removals.add(task)
-        task.add_done_callback(self._removals.discard)
+        self._remove_in_background(sandbox)
 
     async def aclose(self) -> None:
         """Remove every sandbox this pool started (warm, in use, being removed); safe to call twice."""
@@ -75,9 +73,13 @@ class SandboxPool:
             sandbox = warm.pop(0)
             if sandbox.alive:
                 return sandbox
-            self._in_use.add(sandbox)
-            asyncio.get_running_loop().create_task(self.release(sandbox))
+            self._remove_in_background(sandbox)
         return None
+
+    def _remove_in_background(self, sandbox: Sandbox) -> None:
+        task = asyncio.get_running_loop().create_task(sandbox.close())
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     def _refill(self, spec: SandboxSpec) -> None:
         filling = self._filling.setdefault(spec, set())

@@ -100,14 +100,14 @@ class Terminal:
         # it was, it scrolled out, so all that is left is new. Otherwise (e.g. after `clear`) show the screen.
         if not lines[0].startswith(previous[1]) and history < HISTORY_LINES * 9 // 10:
             return await self._screen_output()
-        text, omitted = cap_text(_strip_trailing_blank("\n".join(lines)), OUTPUT_LIMIT_BYTES)
+        text, omitted = cap_text("\n".join(lines).rstrip(), OUTPUT_LIMIT_BYTES)
         return TerminalOutput(text, False, omitted)
 
     async def screen(self) -> str:
         """The visible 160x40 screen now."""
         command = ["capture-pane", "-p", "-t", TARGET]
         reply = await self._request("commands", 30, tmux=TMUX, target=TARGET, commands=[command])
-        return _strip_trailing_blank(reply["out"])
+        return reply["out"].rstrip()
 
     async def _screen_output(self) -> TerminalOutput:
         text, omitted = cap_text(await self.screen(), OUTPUT_LIMIT_BYTES)
@@ -157,7 +157,3 @@ def _line(lines: list[str], index: int) -> str:
 def _blank_after(lines: list[str], anchor_text: str) -> bool:
     """Nothing new: the only captured line is the unchanged anchor."""
     return len([line for line in lines if line.strip()]) <= 1 and lines[0].rstrip() == anchor_text
-
-
-def _strip_trailing_blank(text: str) -> str:
-    return text.rstrip()
