@@ -249,3 +249,18 @@ def test_non_root_verifier_can_write_its_reward(tmp_path: Path) -> None:
         assert result.output.strip() == "nobody"
 
     run(scenario())
+
+
+def test_agent_user_runs_the_episode_and_root_the_verifier(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        task = dataclasses.replace(load_task(harbor_task(tmp_path)), agent_user="nobody")
+        sandbox = await started(task)
+        try:
+            episode_user = (await sandbox.exec("id -un", timeout=10)).output.strip()
+            result = await grade(sandbox, with_verifier(task, tmp_path, "id -un; echo 1 > /logs/verifier/reward.txt"))
+        finally:
+            await sandbox.close()
+        assert episode_user == "nobody"
+        assert (result.reward, result.output.strip()) == (1.0, "root")
+
+    run(scenario())

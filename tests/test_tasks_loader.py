@@ -313,3 +313,10 @@ def test_instruction_not_utf8(tmp_path: Path) -> None:
     with pytest.raises(TaskError) as error:
         load_task(folder)
     broken([str(folder / "instruction.md"), "UTF-8"], error)
+
+
+def test_sandbox_spec_carries_the_environment(tmp_path: Path) -> None:
+    spec = load_task(harbor_task(tmp_path)).sandbox_spec("some/image:tag")
+    assert (spec.image, spec.cpus, spec.memory_mb, spec.allow_internet) == ("some/image:tag", 1.0, 2048, False)
+    assert (dict(spec.env), spec.workdir, spec.user) == ({"APP_MODE": "test"}, "/app", "agent")
+    assert spec.lifetime_s >= 120 + 300 + 90

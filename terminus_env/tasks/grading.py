@@ -59,7 +59,7 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     result = await sandbox.exec(
         f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1",
         timeout=task.verifier_timeout_s,
-        user=task.verifier_user,
+        user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything
         env=dict(task.verifier_env),
     )
     logged = await sandbox.read_file(TEST_STDOUT, max_bytes=_LOG_READ_BYTES)

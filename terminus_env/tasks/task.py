@@ -89,6 +89,7 @@ class Task:
             allow_internet=self.allow_internet,
             env=dict(self.env),
             workdir=self.workdir,
+            user=self.agent_user,
             lifetime_s=max(lifetime, 4 * 3600.0),
         )
 
