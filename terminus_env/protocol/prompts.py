@@ -107,8 +107,6 @@ def cap_output(text: str, limit: int = OUTPUT_LIMIT_BYTES) -> str:
     Both ends matter: the start shows what ran, the end shows how it finished. The sandbox's
     terminal caps its captures with the same function, so output from it is already capped.
     """
-    if limit < 2:
-        raise ValueError(f"cap_output limit must be at least 2 bytes, got {limit}")
     return cap_text(text, limit)[0]
 
 

@@ -16,6 +16,8 @@ def join_capped(head: str, tail: str, omitted: int, limit: int) -> str:
 
 def cap_text(text: str, limit: int = OUTPUT_LIMIT_BYTES) -> tuple[str, int]:
     """(text, omitted bytes): over ``limit`` UTF-8 bytes keeps the first and last ``limit // 2``."""
+    if limit < 2:
+        raise ValueError(f"an output limit must keep at least one byte at each end, got {limit}")
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text, 0
