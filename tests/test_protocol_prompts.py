@@ -81,5 +81,5 @@ def test_cap_output_keeps_both_ends_and_counts_the_rest():
 
 
 def test_cap_output_rejects_a_useless_limit():
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(ValueError, match="at least one byte at each end"):
         cap_output("x", limit=1)
