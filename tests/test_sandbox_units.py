@@ -99,6 +99,12 @@ def test_context_hash_follows_content_and_modes(tmp_path: Path) -> None:
     assert len({first, second, context_hash(tmp_path)}) == 3
 
 
+def test_context_hash_follows_the_parent_image(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    assert context_hash(tmp_path, ["sha256:aa"]) != context_hash(tmp_path, ["sha256:bb"])
+    assert context_hash(tmp_path, ["sha256:aa", "sha256:bb"]) == context_hash(tmp_path, ["sha256:bb", "sha256:aa"])
+
+
 def test_slug_is_a_valid_repository_name() -> None:
     assert slug("My Task: v2!") == "my-task-v2"
     assert slug("***") == "task"

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import docker
@@ -147,12 +147,12 @@ def ensure_image(
     if not dockerfile.is_file():
         raise ImageBuildError(name, f"no Dockerfile in {context_dir}: add one or point at the right folder")
     client = connect(client)
-    tag = f"terminus-env/task-{slug(name)}:{context_hash(context_dir)}"
+    parents = _from_images(dockerfile.read_text(errors="replace"))
+    if base_image_tag() in parents:
+        ensure_base_image(client=client)
+    tag = f"terminus-env/task-{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
     if _image_exists(client, tag):
         return tag
-    base = base_image_tag()
-    if _from_images(dockerfile.read_text(errors="replace")) & {base}:
-        ensure_base_image(client=client)
     _run_build(client, tag, name, {"path": str(context_dir)}, timeout=build_timeout)
     return tag
 
@@ -163,9 +163,12 @@ def slug(name: str) -> str:
     return value[:100] or "task"
 
 
-def context_hash(context_dir: Path) -> str:
-    """A hash of every path, mode and byte in the build context (16 hex digits)."""
+def context_hash(context_dir: Path, parent_ids: Iterable[str] = ()) -> str:
+    """A hash of every path, mode and byte in the build context, and of the parent images' ids
+    (16 hex digits): a rebuilt base image means rebuilt task images."""
     digest = hashlib.sha256()
+    for parent in sorted(parent_ids):
+        digest.update(f"P {parent}\0".encode())
     for path in sorted(p for p in context_dir.rglob("*")):
         relative = path.relative_to(context_dir).as_posix()
         if path.is_symlink():
@@ -177,6 +180,17 @@ def context_hash(context_dir: Path) -> str:
         else:
             digest.update(f"D {relative}\0".encode())
     return digest.hexdigest()[:16]
+
+
+def _local_image_ids(client: docker.DockerClient, names: Iterable[str]) -> list[str]:
+    """Ids of the FROM images present locally (stage names and absent images are skipped)."""
+    ids = []
+    for name in names:
+        try:
+            ids.append(client.images.get(name).id)
+        except (ImageNotFound, APIError):  # absent, or a multi-stage alias that is no image reference
+            continue
+    return ids
 
 
 def _from_images(dockerfile: str) -> set[str]:
