@@ -1,6 +1,7 @@
 """Routing policies × admission caps on a virtual-time cluster of simulated vLLM replicas, in one run.
 
-Usage: .venv/bin/python bench/routing.py [--quick] [--replicas 4] [--steps 3] [--batch 16] [--group 8] [--jobs 2]
+Usage: .venv/bin/python bench/routing.py [--quick] [--replicas 4] [--steps 3] [--batch 16] [--group 8] [--seed 0]
+       [--output-median 120] [--tool-median 150] [--group-affinity] [--jobs 2]
 
 Every (policy, cap) pair serves the same agentic RL workload (GRPO groups, heavy-tailed turns and
 output lengths, tool waits, traces growing over training steps) on fresh replicas. The table gives
@@ -18,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class Setup:
 class Run:
     policy: str
     cap: str
+    seed: int
     result: ClusterResult
     cpu_s: float
 
@@ -157,17 +159,18 @@ def run_one(policy: str, cap: str, setup: Setup) -> Run:
     admission = admission_for(cap, setup, batches)
     started = time.process_time()
     result = cluster.run(batches, router, admission)
-    return Run(policy, cap, result, time.process_time() - started)
+    return Run(policy, cap, setup.workload.seed, result, time.process_time() - started)
 
 
-def run_matrix(setup: Setup, policies: Sequence[str] = POLICIES, caps: Sequence[str] = CAPS,
+def run_matrix(setups: Sequence[Setup], policies: Sequence[str] = POLICIES, caps: Sequence[str] = CAPS,
                jobs: int = 1) -> list[Run]:
-    """Every policy under every cap, plus ours with the overcommitting adaptive cap."""
+    """Every policy under every cap, plus ours with the overcommitting adaptive cap, for each setup."""
     pairs = [(p, c) for p in policies for c in caps] + [(OURS[0], OVERCOMMIT)]
+    jobs_args = [(p, c, setup) for setup in setups for p, c in pairs]
     if jobs <= 1:
-        return [run_one(p, c, setup) for p, c in pairs]
+        return [run_one(*args) for args in jobs_args]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(run_one, *zip(*pairs), [setup] * len(pairs)))
+        return list(pool.map(run_one, *zip(*jobs_args)))
 
 
 def decision_p50_us(policy: str, replicas: int = 64, sessions: int = 2000, samples: int = 3000) -> float:
@@ -193,36 +196,57 @@ def decision_p50_us(policy: str, replicas: int = 64, sessions: int = 2000, sampl
 # -- report -------------------------------------------------------------------------------------------
 
 
-def table(runs: Sequence[Run], bound: float) -> str:
+def rows(runs: Sequence[Run]) -> dict[tuple[str, str], list[Run]]:
+    """Runs grouped by (policy, cap), in the order they ran."""
+    out: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        out.setdefault((run.policy, run.cap), []).append(run)
+    return out
+
+
+def _mean(runs: Sequence[Run], figure: Callable[[Run], float]) -> float:
+    return statistics.fmean(figure(run) for run in runs)
+
+
+def table(runs: Sequence[Run], bounds: Mapping[int, float]) -> str:
+    """One line per (policy, cap): means over the seeds (the limit column is the range seen)."""
     head = (f"{'policy':<16}{'cap':<13}{'limit':>8}{'makespan s':>11}{'x bound':>8}{'out tok/s':>10}"
             f"{'preempt':>8}{'% req':>7}{'recomputed':>11}{'prefix hit':>11}{'stay':>6}{'KV spread':>10}"
             f"{'TTFT p50/p99 s':>16}{'cpu s':>7}")
     lines = [head, "-" * len(head)]
-    for run in runs:
-        r = run.result
+    for (policy, cap), group in rows(runs).items():
+        limits = f"{min(r.result.limit_min for r in group)}-{max(r.result.limit_max for r in group)}"
         lines.append(
-            f"{run.policy:<16}{run.cap:<13}{f'{r.limit_min}-{r.limit_max}':>8}{r.makespan_s:>11.1f}{r.makespan_s / bound:>8.2f}"
-            f"{r.output_tokens_per_s:>10.0f}{r.preemptions:>8}{100 * r.preemption_rate:>7.2f}"
-            f"{r.recomputed_tokens:>11}{r.prefix_hit_rate:>11.3f}{r.stay_share:>6.2f}{r.kv_spread:>10.2f}"
-            f"{r.ttft_p50_s:>8.2f}/{r.ttft_p99_s:<7.2f}{run.cpu_s:>7.1f}"
+            f"{policy:<16}{cap:<13}{limits:>8}{_mean(group, lambda r: r.result.makespan_s):>11.1f}"
+            f"{_mean(group, lambda r: r.result.makespan_s / bounds[r.seed]):>8.2f}"
+            f"{_mean(group, lambda r: r.result.output_tokens_per_s):>10.0f}"
+            f"{_mean(group, lambda r: r.result.preemptions):>8.0f}"
+            f"{_mean(group, lambda r: 100 * r.result.preemption_rate):>7.2f}"
+            f"{_mean(group, lambda r: r.result.recomputed_tokens):>11.0f}"
+            f"{_mean(group, lambda r: r.result.prefix_hit_rate):>11.3f}"
+            f"{_mean(group, lambda r: r.result.stay_share):>6.2f}{_mean(group, lambda r: r.result.kv_spread):>10.2f}"
+            f"{_mean(group, lambda r: r.result.ttft_p50_s):>8.2f}/{_mean(group, lambda r: r.result.ttft_p99_s):<7.2f}"
+            f"{_mean(group, lambda r: r.cpu_s):>7.1f}"
         )
     return "\n".join(lines)
 
 
-def verdicts(runs: Sequence[Run], bound: float, decision_us: float) -> list[str]:
-    by = {(run.policy, run.cap): run.result for run in runs}
+def verdicts(runs: Sequence[Run], bounds: Mapping[int, float], decision_us: float) -> list[str]:
+    """The brief's targets, judged on the means over seeds."""
+    by = rows(runs)
     if OURS not in by:
         return []
     ours = by[OURS]
-    out = [_verdict(f"ours ({OURS[0]} + {OURS[1]}) within 1.15x of the ideal bound",
-                    ours.makespan_s / bound <= 1.15, f"{ours.makespan_s / bound:.2f}x")]
+    makespan = _mean(ours, lambda r: r.result.makespan_s)
+    ratio = _mean(ours, lambda r: r.result.makespan_s / bounds[r.seed])
+    out = [_verdict(f"ours ({OURS[0]} + {OURS[1]}) within 1.15x of the ideal bound", ratio <= 1.15, f"{ratio:.2f}x")]
     for base in BASELINES:
-        best = min((r for (p, _), r in by.items() if p == base), key=lambda r: r.makespan_s, default=None)
-        if best is not None:
-            speedup = best.makespan_s / ours.makespan_s
+        means = [_mean(group, lambda r: r.result.makespan_s) for (p, _), group in by.items() if p == base]
+        if means:
+            speedup = min(means) / makespan
             out.append(_verdict(f">= 1.25x faster than {base} (its best cap)", speedup >= 1.25, f"{speedup:.2f}x"))
-    out.append(_verdict("ours: preemptions <= 1% of requests", ours.preemption_rate <= 0.01,
-                        f"{100 * ours.preemption_rate:.2f}%"))
+    rate = _mean(ours, lambda r: r.result.preemption_rate)
+    out.append(_verdict("ours: preemptions <= 1% of requests", rate <= 0.01, f"{100 * rate:.2f}%"))
     out.append(_verdict("routing decision <= 50 us p50 with 64 replicas", decision_us <= 50, f"{decision_us:.1f} us"))
     return out
 
@@ -246,33 +270,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16, help="prompts per training step")
     parser.add_argument("--group", type=int, default=8, help="rollouts per prompt")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-group-affinity", action="store_true")
+    parser.add_argument("--seeds", type=int, default=1, help="workload seeds 0..N-1; the table shows means")
+    parser.add_argument("--output-median", type=float, default=WorkloadConfig.output_tokens_median,
+                        help="median output tokens per turn at step 0")
+    parser.add_argument("--tool-median", type=float, default=WorkloadConfig.tool_tokens_median,
+                        help="median tool-output tokens per turn")
+    parser.add_argument("--group-affinity", action="store_true", help="co-locate GRPO siblings (off: see notes)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args(argv)
     if args.quick:
-        setup = quick_setup()
+        setups = [quick_setup()]
     else:
-        workload = WorkloadConfig(steps=args.steps, batch_size=args.batch, group_size=args.group, seed=args.seed)
-        setup = Setup(ClusterConfig(num_replicas=args.replicas, engine=ENGINE), workload,
-                      group_affinity=not args.no_group_affinity)
-    batches = make_workload(setup.workload)
-    bound = ideal_makespan(batches, setup.cluster)
-    rollouts = sum(len(b) for b in batches)
-    traces = [final_trace(p, setup.cluster.engine.max_model_len) for b in batches for p in b]
-    print(f"{setup.cluster.num_replicas} replicas x {setup.cluster.engine.usable_blocks * setup.cluster.engine.block_size}"
-          f" KV tokens; {len(batches)} steps x {setup.workload.batch_size} prompts x {setup.workload.group_size} "
-          f"rollouts = {rollouts} rollouts; final trace mean {statistics.fmean(traces):.0f}, "
-          f"max {max(traces)} tokens; ideal bound {bound:.1f} s")
+        setups = [
+            Setup(ClusterConfig(num_replicas=args.replicas, engine=ENGINE),
+                  WorkloadConfig(steps=args.steps, batch_size=args.batch, group_size=args.group, seed=seed,
+                                 output_tokens_median=args.output_median, tool_tokens_median=args.tool_median),
+                  group_affinity=args.group_affinity)
+            for seed in range(args.seeds)
+        ]
+    bounds = {}
+    for setup in setups:
+        batches = make_workload(setup.workload)
+        bounds[setup.workload.seed] = ideal_makespan(batches, setup.cluster)
+        traces = [final_trace(p, setup.cluster.engine.max_model_len) for b in batches for p in b]
+        engine = setup.cluster.engine
+        print(f"seed {setup.workload.seed}: {setup.cluster.num_replicas} replicas x "
+              f"{engine.usable_blocks * engine.block_size} KV tokens; {len(batches)} steps x "
+              f"{setup.workload.batch_size} prompts x {setup.workload.group_size} rollouts; final trace mean "
+              f"{statistics.fmean(traces):.0f}, max {max(traces)} tokens; ideal bound {bounds[setup.workload.seed]:.1f} s")
     started = time.perf_counter()
-    runs = run_matrix(setup, jobs=args.jobs)
-    print(table(runs, bound))
-    print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall)")
+    runs = run_matrix(setups, jobs=args.jobs)
+    print(table(runs, bounds))
+    print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall; means over {len(setups)} seed(s))")
     decision_us = decision_p50_us("available_kv", replicas=64, samples=300 if args.quick else 3000)
     for policy in POLICIES:
         us = decision_us if policy == "available_kv" else decision_p50_us(policy, samples=300 if args.quick else 3000)
         print(f"decision p50, 64 replicas, {policy}: {us:.1f} us")
-    for line in verdicts(runs, bound, decision_us):
+    for line in verdicts(runs, bounds, decision_us):
         print(line)
     return 0
 

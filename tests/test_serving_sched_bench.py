@@ -29,7 +29,7 @@ bench = load_bench()
 
 @pytest.fixture(scope="module")
 def quick_runs() -> list:
-    return bench.run_matrix(bench.quick_setup(), jobs=1)
+    return bench.run_matrix([bench.quick_setup()], jobs=1)
 
 
 def test_every_policy_and_cap_ran(quick_runs: list) -> None:

@@ -65,6 +65,7 @@ class _Replica:
     index: int
     up: bool = True
     metrics: EngineMetrics | None = None
+    capacity: int = 0  # KV tokens from the last scrape; 0 when the server does not say
     scraped_at: float = -math.inf
     epoch: int = 0  # bumped by each scrape: dispatches from an older epoch are already in the metrics
     sessions: int = 0
@@ -116,12 +117,12 @@ class Router:
         self._groups: dict[str, dict[str, int]] = {}  # group id -> replica -> live sessions there
         self._turn_growth = float(turn_growth_prior_tokens)
         self._rr_next = 0
-        self._load = {
-            "requests": self._load_requests,
-            "least_requests": self._load_inflight,
-            "active_kv": self._load_active_kv,
-            "available_kv": self._load_available_kv,
-            "vllm_internal": self._load_vllm_internal,
+        self._loads = {
+            "requests": self._loads_requests,
+            "least_requests": self._loads_inflight,
+            "active_kv": self._loads_active_kv,
+            "available_kv": self._loads_available_kv,
+            "vllm_internal": self._loads_vllm_internal,
         }.get(policy)
 
     # -- placement -----------------------------------------------------------------------------------
@@ -151,10 +152,12 @@ class Router:
             return chosen
         if self.policy == "consistent_hash":
             return max(up, key=lambda r: _mix(session.key, r.index))
-        loads = [self._load(r) for r in up]  # type: ignore[misc]
-        if all(load == _SATURATED for load in loads):
-            loads = [self._load_requests(r) for r in up]
+        horizon = self._clock() - self.metrics_max_age_s  # older scrapes are stale
+        loads = self._loads(up, horizon)  # type: ignore[misc]
         best = min(loads)
+        if best == _SATURATED:
+            loads = self._loads_requests(up, horizon)
+            best = min(loads)
         if self.group_affinity and session.group is not None:
             sibling = self._sibling_replica(session.group, up, loads, best)
             if sibling is not None:
@@ -179,37 +182,28 @@ class Router:
 
     # -- loads (lower is better) ---------------------------------------------------------------------
 
-    def _fresh(self, r: _Replica) -> EngineMetrics | None:
-        if r.metrics is None or self._clock() - r.scraped_at > self.metrics_max_age_s:
-            return None
-        return r.metrics
+    # Each returns one load per replica; ``horizon`` is the oldest scrape time still fresh.
 
-    def _load_requests(self, r: _Replica) -> float:
-        return float(r.inflight + r.idle_sessions)
+    def _loads_requests(self, up: list[_Replica], horizon: float) -> list[float]:
+        return [float(r.inflight + r.idle_sessions) for r in up]
 
-    def _load_inflight(self, r: _Replica) -> float:
-        return float(r.inflight)
+    def _loads_inflight(self, up: list[_Replica], horizon: float) -> list[float]:
+        return [float(r.inflight) for r in up]
 
-    def _load_active_kv(self, r: _Replica) -> float:
-        return self._kv_load(r, r.unscraped_tokens)
+    def _loads_active_kv(self, up: list[_Replica], horizon: float) -> list[float]:
+        return [_kv_load(r, horizon, r.unscraped_tokens) for r in up]
 
-    def _load_available_kv(self, r: _Replica) -> float:
+    def _loads_available_kv(self, up: list[_Replica], horizon: float) -> list[float]:
         """``1 - (available - reserved) / capacity``: the same order as the module docstring's score."""
-        return self._kv_load(r, r.idle_trace_tokens + self._turn_growth * r.sessions + r.unscraped_tokens)
+        growth = self._turn_growth
+        return [_kv_load(r, horizon, r.idle_trace_tokens + growth * r.sessions + r.unscraped_tokens) for r in up]
 
-    def _kv_load(self, r: _Replica, extra_tokens: float) -> float:
-        """``kv_cache_usage + extra_tokens / capacity`` from a fresh scrape; saturated without one."""
-        m = self._fresh(r)
-        if m is None:
-            return _SATURATED
-        capacity = m.kv_capacity_tokens
-        return m.kv_cache_usage + extra_tokens / capacity if capacity else m.kv_cache_usage
-
-    def _load_vllm_internal(self, r: _Replica) -> float:
-        m = self._fresh(r)
-        if m is None:
-            return _SATURATED
-        return (m.num_requests_waiting + r.unscraped_requests) * 4 + m.num_requests_running
+    def _loads_vllm_internal(self, up: list[_Replica], horizon: float) -> list[float]:
+        return [
+            _SATURATED if r.metrics is None or r.scraped_at < horizon
+            else (r.metrics.num_requests_waiting + r.unscraped_requests) * 4 + r.metrics.num_requests_running
+            for r in up
+        ]
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
@@ -290,6 +284,7 @@ class Router:
         """A fresh scrape; it now includes everything dispatched before it."""
         r = self._replica(replica)
         r.metrics = metrics
+        r.capacity = metrics.kv_capacity_tokens or 0
         r.scraped_at = self._clock()
         r.epoch += 1
         r.unscraped_requests = 0
@@ -316,6 +311,14 @@ class Router:
 
     def sessions_on(self, replica: str) -> int:
         return self._replica(replica).sessions
+
+
+def _kv_load(r: _Replica, horizon: float, extra_tokens: float) -> float:
+    """``kv_cache_usage + extra_tokens / capacity`` from a fresh scrape; saturated without one."""
+    m = r.metrics
+    if m is None or r.scraped_at < horizon:
+        return _SATURATED
+    return m.kv_cache_usage + extra_tokens / r.capacity if r.capacity else m.kv_cache_usage
 
 
 def _mix(key: int, index: int) -> int:
