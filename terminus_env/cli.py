@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from terminus_env.errors import TerminusError
+
 
 def _cmd_images_base(args: argparse.Namespace) -> int:
     from terminus_env.sandbox.images import ensure_base_image
@@ -108,14 +110,18 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # argparse's REMAINDER drops a leading --option, so hand the rest over whole
-        return _cmd_serve(argparse.Namespace(serve_args=argv[1:]))
-    args = build_parser().parse_args(argv)
-    if getattr(args, "folder", ...) is None:
-        from terminus_env.tasks import shipped_tasks_dir
+    try:
+        if argv[:1] == ["serve"]:  # argparse's REMAINDER drops a leading --option, so hand the rest over whole
+            return _cmd_serve(argparse.Namespace(serve_args=argv[1:]))
+        args = build_parser().parse_args(argv)
+        if getattr(args, "folder", ...) is None:
+            from terminus_env.tasks import shipped_tasks_dir
 
-        args.folder = shipped_tasks_dir()
-    return int(args.func(args) or 0)
+            args.folder = shipped_tasks_dir()
+        return int(args.func(args) or 0)
+    except TerminusError as exc:  # meant for the user: the message says what to do, no traceback needed
+        print(f"terminus-env: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

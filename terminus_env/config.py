@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from terminus_env.errors import TerminusError
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-class ConfigError(ValueError):
+class ConfigError(TerminusError, ValueError):
     """An environment variable holds a value terminus-env cannot use."""
 
 

@@ -25,7 +25,7 @@ from terminus_env.tasks import Task, load_tasks
 
 
 def main(args: argparse.Namespace) -> int:
-    tasks = _select(load_tasks(args.folder), args.name)
+    tasks = load_tasks(args.folder, args.name)
     if sum([bool(args.oracle), bool(args.base_url), bool(args.sim)]) != 1:
         print("eval needs exactly one of: --base-url URL (with --model NAME), --oracle, --sim N", file=sys.stderr)
         return 2
@@ -82,16 +82,6 @@ async def _oracle_server(tasks: Sequence[Task]) -> AsyncIterator[str]:
 
     async with SimServer(ServerConfig(model="sim"), OracleReplies(tasks)) as server:
         yield server.url
-
-
-def _select(tasks: list[Task], names: list[str] | None) -> list[Task]:
-    if not names:
-        return tasks
-    known = {t.name: t for t in tasks}
-    missing = [n for n in names if n not in known]
-    if missing:
-        raise SystemExit(f"unknown task(s): {', '.join(missing)}; known: {', '.join(sorted(known))}")
-    return [known[n] for n in names]
 
 
 def print_results(trajectories: Sequence[Trajectory], out: TextIO) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from terminus_env.errors import TerminusError
 
-class SandboxError(Exception):
+
+class SandboxError(TerminusError):
     """Base class for every failure of a sandbox, its images or its terminal."""
 
 

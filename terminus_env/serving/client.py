@@ -13,10 +13,11 @@ from typing import Any
 
 import httpx
 
+from terminus_env.errors import TerminusError
 from terminus_env.serving.metrics import EngineMetrics, MetricsParseError, parse_metrics
 
 
-class ServingError(Exception):
+class ServingError(TerminusError):
     """A serving request failed; the message says what the server answered."""
 
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import httpx
 
 from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
+from terminus_env.errors import TerminusError
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 _OWNED_FLAGS = ("--port", "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp", "--max-num-seqs")
 
 
-class LaunchError(Exception):
+class LaunchError(TerminusError):
     """The replicas cannot be started as asked; the message says what to change."""
 
 

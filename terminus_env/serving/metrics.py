@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from terminus_env.errors import TerminusError
+
 
 @dataclass(frozen=True)
 class EngineMetrics:
@@ -56,7 +58,7 @@ _COUNTERS = {
 _CACHE_CONFIG = "vllm:cache_config_info"
 
 
-class MetricsParseError(ValueError):
+class MetricsParseError(TerminusError, ValueError):
     """The text is not Prometheus exposition, or holds no vLLM engine series."""
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from terminus_env.errors import TerminusError
+
 if TYPE_CHECKING:
     from terminus_env.sandbox import SandboxSpec
 
@@ -23,7 +25,7 @@ UNBOUNDED_AGENT_TIMEOUT_S = 4 * 3600.0
 _LIFETIME_MARGIN_S = 600.0
 
 
-class TaskError(ValueError):
+class TaskError(TerminusError, ValueError):
     """A task folder cannot be used as written; the message names the file and the field to fix."""
 
 
