@@ -55,7 +55,7 @@ class ServingPool:
         *,
         policy: str = "available_kv",
         admission: Admission | None = None,
-        group_affinity: bool = True,
+        group_affinity: bool = False,
         scrape_interval_s: float = 1.0,
         failover_timeout_s: float = 300.0,
         request_timeout_s: float = 3600.0,

@@ -211,7 +211,9 @@ class SimServer:
         request_id = f"chatcmpl-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
-        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(reply) + 1)
+        output_ids = (*(token_id(piece) for piece in reply), IM_END)
+        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(output_ids),
+                                 output_token_ids=output_ids)
         try:
             done = await driver.generate(sim_request)
         except Exception as exc:
