@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import gymnasium
@@ -34,6 +35,14 @@ def make(task, **kwargs) -> TerminusEnv:
     return TerminusEnv(task, **kwargs)
 
 
+@contextlib.contextmanager
+def started(task, **kwargs):
+    """An env already reset, closed afterwards whatever happens."""
+    with contextlib.closing(make(task, **kwargs)) as env:
+        env.reset()
+        yield env
+
+
 def play(env: TerminusEnv, replies: list[str | Reply]):
     """Step through replies until the episode ends; return every step's result."""
     results = []
@@ -45,8 +54,7 @@ def play(env: TerminusEnv, replies: list[str | Reply]):
 
 
 def test_lenient_recovers_from_a_broken_first_turn_and_counts_it_rescued(task):
-    env = make(task, mode="eval")
-    try:
+    with contextlib.closing(make(task, mode="eval")) as env:
         obs, info = env.reset()
         assert "/app/hello.txt" in obs and info["messages"][0]["content"] == obs
         results = play(env, [PLAIN, reply(WRITE, complete=True), reply(complete=True)])
@@ -63,14 +71,10 @@ def test_lenient_recovers_from_a_broken_first_turn_and_counts_it_rescued(task):
         episode = info["episode"]
         assert episode["rescued"] is True and episode["graded"] is True
         assert episode["format_errors"] == 1 and episode["format_error_opening_streak"] == 1
-    finally:
-        env.close()
 
 
 def test_strict_ends_at_the_first_rejected_turn_ungraded(task):
-    env = make(task, mode="train")
-    try:
-        env.reset()
+    with started(task, mode="train") as env:
         _, reward, terminated, truncated, info = env.step(PLAIN)
         assert (reward, terminated, truncated) == (0.0, True, False)
         assert info["end_reason"] == "format_error"
@@ -78,9 +82,7 @@ def test_strict_ends_at_the_first_rejected_turn_ungraded(task):
         assert info["format_error_opening_streak"] == 1
         with pytest.raises(RuntimeError, match="reset"):
             env.step(reply(WRITE))
-    finally:
-        env.close()
-        env.close()  # twice is fine
+        env.close()  # closed here, and again on leaving: twice is fine
 
 
 @pytest.mark.parametrize(
@@ -88,23 +90,17 @@ def test_strict_ends_at_the_first_rejected_turn_ungraded(task):
     [([], 0), ([PLAIN], 1), ([PLAIN, "<response><analysis>x</analysis></response>"], 2)],
 )
 def test_opening_streak_counts_only_the_broken_opening(task, opening, streak):
-    env = make(task, mode="eval")
-    try:
-        env.reset()
+    with started(task, mode="eval") as env:
         later_break = [reply(WRITE), PLAIN]  # a break after an accepted turn is an error, not streak
         results = play(env, [*opening, *later_break, reply(complete=True), reply(complete=True)])
         info = results[-1][4]
         assert info["episode"]["format_error_opening_streak"] == streak
         assert info["episode"]["format_errors"] == streak + 1
         assert results[-1][1] == 1.0
-    finally:
-        env.close()
 
 
 def test_empty_commands_are_a_warning_even_when_strict(task):
-    env = make(task, mode="train")
-    try:
-        env.reset()
+    with started(task, mode="train") as env:
         obs, _, terminated, _, info = env.step(
             "<response><analysis>a</analysis><plan>p</plan><commands></commands></response>"
         )
@@ -113,36 +109,24 @@ def test_empty_commands_are_a_warning_even_when_strict(task):
             "<response><analysis>a</analysis><plan>p</plan><commands>ls</commands></response>"
         )
         assert not terminated and info["format_error"] is None and info["warnings"]  # silent no-op, reported
-    finally:
-        env.close()
 
 
 def test_truncated_turn_strict_ends_without_salvage(task):
-    env = make(task, mode="train")
-    try:
-        env.reset()
+    with started(task, mode="train") as env:
         cut = Reply(reply(WRITE) + "<response>more", finish_reason="length")
         _, reward, terminated, _, info = env.step(cut)
         assert (reward, terminated, info["end_reason"]) == (0.0, True, "turn_truncated")
         assert info["truncated_turns"] == 1 and info["episode"]["graded"] is False
-    finally:
-        env.close()
 
 
 def test_truncated_turn_counts_by_tokens_too(task):
-    env = make(task, mode="train", max_turn_tokens=100)
-    try:
-        env.reset()
+    with started(task, mode="train", max_turn_tokens=100) as env:
         _, _, terminated, _, info = env.step(Reply(reply("ls\n"), completion_tokens=100))
         assert terminated and info["end_reason"] == "turn_truncated"
-    finally:
-        env.close()
 
 
 def test_truncated_turn_lenient_salvages_or_says_nothing_ran(task):
-    env = make(task, mode="eval")
-    try:
-        env.reset()
+    with started(task, mode="eval") as env:
         unsalvageable = Reply('<response><analysis>a</analysis><commands><keystrokes duration="1">' + WRITE, finish_reason="length")
         obs, _, terminated, _, info = env.step(unsalvageable)
         assert not terminated and info["truncated_turns"] == 1 and info["format_error"] is None
@@ -154,57 +138,39 @@ def test_truncated_turn_lenient_salvages_or_says_nothing_ran(task):
         assert not terminated and info["truncated_turns"] == 2
         results = play(env, [reply(complete=True), reply(complete=True)])
         assert results[-1][1] == 1.0  # the salvaged command ran
-    finally:
-        env.close()
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_context_limit_ends_with_zero_in_any_mode(task, mode):
-    env = make(task, mode=mode, max_context_tokens=1000)
-    try:
-        env.reset()
+    with started(task, mode=mode, max_context_tokens=1000) as env:
         _, reward, terminated, _, info = env.step(Reply(reply(WRITE), prompt_tokens=1001))
         assert (reward, terminated, info["end_reason"], info["episode"]["graded"]) == (0.0, True, "context_limit", False)
         env.reset()
         _, _, terminated, _, info = env.step(Reply("", finish_reason="context_length"))
         assert terminated and info["end_reason"] == "context_limit"
-    finally:
-        env.close()
 
 
 def test_max_turns_truncates_and_still_grades(task):
-    env = make(task, mode="eval", max_turns=2)
-    try:
-        env.reset()
+    with started(task, mode="eval", max_turns=2) as env:
         results = play(env, [reply(WRITE), reply("ls\n"), reply("ls\n")])
         _, reward, terminated, truncated, info = results[-1]
         assert len(results) == 2 and (terminated, truncated) == (False, True)
         assert info["end_reason"] == "max_turns" and info["episode"]["graded"] and reward == 1.0
-    finally:
-        env.close()
 
 
 def test_agent_timeout_truncates_and_still_grades(task):
-    env = make(dataclasses.replace(task, agent_timeout_s=2.0), mode="eval")
-    try:
-        env.reset()
+    with started(dataclasses.replace(task, agent_timeout_s=2.0), mode="eval") as env:
         env.step(reply(WRITE))
         _, reward, _, truncated, info = env.step(reply("sleep 30\n", duration=10))
         assert truncated and info["end_reason"] == "agent_timeout" and reward == 1.0
-    finally:
-        env.close()
 
 
 def test_a_dead_shell_is_an_env_error_for_trainers_to_mask(task):
-    env = make(task, mode="eval")
-    try:
-        env.reset()
+    with started(task, mode="eval") as env:
         results = play(env, [reply("exit\n"), reply("ls\n")])
         _, reward, terminated, _, info = results[-1]
         assert terminated and reward == 0.0
         assert info["env_error"] is True and info["end_reason"] == "env_error"
-    finally:
-        env.close()
 
 
 def test_strictness_comes_from_variables_and_arguments_win(task):
@@ -219,37 +185,29 @@ def test_strictness_comes_from_variables_and_arguments_win(task):
 
 
 def test_check_env_passes(task):
-    env = make(task, mode="train")
-    try:
+    with contextlib.closing(make(task, mode="train")) as env:
         check_env(env.unwrapped)
-    finally:
-        env.close()
 
 
 def test_gymnasium_make_and_a_full_episode(tiny_task_dir):
-    env = gymnasium.make("terminus_env/Terminus-v0", task=tiny_task_dir, mode="eval")
-    try:
+    with contextlib.closing(gymnasium.make("terminus_env/Terminus-v0", task=tiny_task_dir, mode="eval")) as env:
         assert env.spec.nondeterministic is True
         obs, _ = env.reset(seed=0)
         assert obs in env.observation_space
         results = play(env, [reply(WRITE, complete=True), reply(complete=True)])
         assert results[-1][1] == 1.0
-    finally:
-        env.close()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_make_vec(tiny_task_dir, mode):
     vector_kwargs = {"shared_memory": False} if mode == "async" else {}
-    envs = gymnasium.make_vec(
+    vector = gymnasium.make_vec(
         "terminus_env/Terminus-v0", num_envs=4, vectorization_mode=mode, vector_kwargs=vector_kwargs,
         task=str(tiny_task_dir), mode="eval",
     )
-    try:
+    with contextlib.closing(vector) as envs:
         obs, _ = envs.reset(seed=1)
         assert len(obs) == 4 and all("/app/hello.txt" in o for o in obs)
         for actions in ([reply(WRITE, complete=True)] * 4, [reply(complete=True)] * 4):
             obs, rewards, terminated, truncated, infos = envs.step(tuple(actions))
         assert list(rewards) == [1.0] * 4 and all(terminated)
-    finally:
-        envs.close()
