@@ -112,15 +112,16 @@ def work_bound(batch: Sequence[RolloutPlan], cfg: SimConfig, replicas: int) -> f
     prefill = decode_steps = decode_positions = 0.0
     prefilled_prompts: set[tuple[int, ...]] = set()
     for plan in batch:
+        new_tokens = 0  # what the next prompt adds: the tool output and this turn's last token
         for i, (prompt, generated, tool) in enumerate(turn_lengths(plan, cfg.max_model_len)):
             if i == 0 and plan.prompt not in prefilled_prompts:
                 prefilled_prompts.add(plan.prompt)
                 prefill += _prefill_time(cfg, 0, prompt) - cfg.step_base_s
-            if i > 0:
+            elif i > 0:
                 prefill += cfg.step_per_token_s * new_tokens + cfg.step_per_token_pair_s * new_tokens * prompt
             decode_steps += generated - 1
             decode_positions += (generated - 1) * prompt + (generated - 1) * generated / 2
-            new_tokens = tool + 1  # the next prompt adds the tool output and this turn's last token
+            new_tokens = tool + 1
     mean_context = decode_positions / max(1.0, decode_steps)
     resident = min(cfg.max_num_seqs, cfg.usable_blocks * cfg.block_size / max(1.0, mean_context))
     per_step = cfg.step_per_token_s + cfg.step_per_seq_s + cfg.step_base_s / resident

@@ -25,7 +25,7 @@ def scrape(preemptions: float = 0.0) -> dict[str, EngineMetrics]:
 
 
 def adaptive(**kwargs: object) -> AdaptiveAdmission:
-    defaults: dict[str, object] = dict(target_usage=0.8, patience=3, deadband=0.05)
+    defaults: dict[str, object] = {"target_usage": 0.8, "patience": 3, "deadband": 0.05}
     defaults.update(kwargs)
     return AdaptiveAdmission(64, 4_000, **defaults)  # type: ignore[arg-type]
 

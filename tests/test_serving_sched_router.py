@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from terminus_env.serving.metrics import EngineMetrics
-from terminus_env.serving.router import POLICIES, NoReplicaAvailable, Router, UnknownReplica
+from terminus_env.serving.router import (
+    POLICIES,
+    NoReplicaAvailable,
+    Router,
+    UnknownReplica,
+)
 
 CAPACITY_BLOCKS = 4096  # × 16 = 65536 tokens per replica
 

@@ -16,7 +16,10 @@ import math
 from collections import deque
 from collections.abc import Mapping
 
-from terminus_env.serving.capacity import max_rollout_concurrency, max_rollout_concurrency_from_metrics
+from terminus_env.serving.capacity import (
+    max_rollout_concurrency,
+    max_rollout_concurrency_from_metrics,
+)
 from terminus_env.serving.metrics import EngineMetrics
 
 

@@ -19,7 +19,13 @@ import numpy as np
 
 from terminus_env.serving.admission import Admission
 from terminus_env.serving.router import Router
-from terminus_env.serving.sim.engine import ContextTooLong, SimConfig, SimFinished, SimReplica, SimRequest
+from terminus_env.serving.sim.engine import (
+    ContextTooLong,
+    SimConfig,
+    SimFinished,
+    SimReplica,
+    SimRequest,
+)
 from terminus_env.serving.sim.workload import RolloutPlan
 
 
@@ -30,7 +36,7 @@ class ClusterStalled(RuntimeError):
 @dataclass(frozen=True)
 class ClusterConfig:
     num_replicas: int = 4
-    engine: SimConfig = SimConfig()
+    engine: SimConfig = field(default_factory=SimConfig)
     scrape_interval_s: float = 1.0
     max_async_steps: int = 1
 

@@ -133,9 +133,21 @@ class _Live:
     """One request inside the engine."""
 
     __slots__ = (
-        "req", "tokens", "num_prompt", "stop_after", "num_computed", "max_computed", "blocks", "hashes",
-        "num_hashed_blocks", "arrival", "scheduled_at", "first_token_at", "cached_prompt_tokens", "preemptions",
+        "arrival",
+        "blocks",
+        "cached_prompt_tokens",
+        "first_token_at",
+        "hashes",
+        "max_computed",
+        "num_computed",
+        "num_hashed_blocks",
+        "num_prompt",
+        "preemptions",
+        "req",
         "rng",
+        "scheduled_at",
+        "stop_after",
+        "tokens",
     )
 
     def __init__(self, req: SimRequest, arrival: float, max_model_len: int) -> None:
@@ -308,8 +320,7 @@ class SimReplica:
             context += computed
             pairs += n * (computed - n) + n * (n + 1) // 2
             live.num_computed = computed
-            if computed > live.max_computed:
-                live.max_computed = computed
+            live.max_computed = max(live.max_computed, computed)
             if cfg.enable_prefix_caching and computed // cfg.block_size > live.num_hashed_blocks:
                 self._register_full_blocks(live)
             if computed == len(live.tokens):
@@ -347,8 +358,7 @@ class SimReplica:
         while i < len(self._running) and budget > 0:
             live = self._running[i]
             n = len(live.tokens) - live.num_computed
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             need = -(-(live.num_computed + n) // bs) - len(live.blocks)
             if need > len(free):
                 preempted = True
