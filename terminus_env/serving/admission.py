@@ -199,7 +199,7 @@ class AdaptiveAdmission(Admission):
 
     @property
     def target_scale(self) -> float:
-        """The current preemption backoff applied to ``target_usage`` (1.0 = none)."""
+        """The factor on ``target_usage`` now: below 1 after preemptions, above 1 while overcommit is probed."""
         return self._scale
 
     # -- inputs --------------------------------------------------------------------------------------
