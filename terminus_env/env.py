@@ -107,6 +107,10 @@ class _Outcome:
     format_error: str | None = None
     warnings: tuple[str, ...] = ()
 
+    @property
+    def ended(self) -> bool:
+        return self.terminated or self.truncated
+
 
 class TerminusEnv(gym.Env[str, "str | Reply"]):
     """A terminal task in a hardened Docker sandbox.
@@ -207,6 +211,10 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         started = time.monotonic()
         try:
             outcome = await self._play_turn(episode, reply)
+            if not outcome.ended and self.max_turns is not None and episode.counters.turn >= self.max_turns:
+                outcome = await self._end(
+                    episode, "max_turns", format_error=outcome.format_error, warnings=outcome.warnings
+                )
         except SandboxError as exc:
             outcome = await self._end(episode, "env_error", error=f"{type(exc).__name__}: {exc}")
         self._timings["step"].append(time.monotonic() - started)
@@ -282,8 +290,6 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         else:
             counters.awaiting_confirmation = False
             obs = prompts.output_feedback(output.text, list(warnings), is_screen=output.is_screen)
-        if self.max_turns is not None and counters.turn >= self.max_turns:
-            return await self._end(episode, "max_turns", warnings=warnings)
         return _Outcome(obs=obs, warnings=warnings)
 
     # ----- endings -----------------------------------------------------------------------------
@@ -339,7 +345,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         counters = episode.counters
         obs = _fit(outcome.obs)
         new_messages = [self._messages[-1]]
-        if not (outcome.terminated or outcome.truncated):
+        if not outcome.ended:
             user = {"role": "user", "content": obs}
             self._messages.append(user)
             new_messages.append(user)

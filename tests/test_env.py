@@ -158,6 +158,14 @@ def test_max_turns_truncates_and_still_grades(task):
         assert info["end_reason"] == "max_turns" and info["episode"]["graded"] and reward == 1.0
 
 
+def test_max_turns_counts_rejected_and_truncated_turns_too(task):
+    with started(task, mode="eval", max_turns=2) as env:
+        results = play(env, [PLAIN, Reply("<response>cut", finish_reason="length"), PLAIN])
+        _, reward, _, truncated, info = results[-1]
+        assert len(results) == 2 and truncated and info["end_reason"] == "max_turns"
+        assert info["episode"]["graded"] and reward == 0.0 and info["truncated_turns"] == 1
+
+
 def test_agent_timeout_truncates_and_still_grades(task):
     with started(dataclasses.replace(task, agent_timeout_s=2.0), mode="eval") as env:
         env.step(reply(WRITE))
