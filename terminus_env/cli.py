@@ -55,7 +55,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="terminus-env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="terminus-env", description="Terminal tasks for RL and evaluation of LLM agents (the Terminus 2 protocol)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     images = sub.add_parser("images", help="build the local images tasks run in")
