@@ -1,15 +1,18 @@
 """Routing policies × admission caps on a virtual-time cluster of simulated vLLM replicas, in one run.
 
-Usage: .venv/bin/python bench/routing.py [--quick] [--replicas 4] [--steps 3] [--batch 16] [--group 8] [--seed 0]
-       [--output-median 120] [--tool-median 150] [--group-affinity] [--jobs 2]
+Usage: .venv/bin/python bench/routing.py [--quick] [--replicas 4] [--steps 3] [--batch 16] [--group 8] [--seeds 1]
+       [--async-steps 2] [--output-median 120] [--tool-median 150] [--group-affinity] [--policies a,b] [--jobs 2]
 
 Every (policy, cap) pair serves the same agentic RL workload (GRPO groups, heavy-tailed turns and
-output lengths, tool waits, traces growing over training steps) on fresh replicas. The table gives
-each run's makespan next to the ideal bound computed for the same workload: per training step, the
-larger of (all its work at the throughput of replicas whose KV is full of useful sequences) and (its
-longest rollout's critical path, run alone with its tool waits), summed over steps. The fixed cap and
-the adaptive prior both use the mean final trace of step 0, as a practitioner measuring the previous
-run would; traces then grow. Last, the routing decision time with 64 replicas (wall clock).
+output lengths, tool waits, traces growing over training steps) on fresh replicas. Steps overlap as in
+an asynchronous RL pipeline: step s's rollouts start once steps 0..s-K have finished (``--async-steps
+K``, default 2; 1 is synchronous GRPO). The table gives each run's makespan (all steps) next to the
+ideal bound computed for the same workload (see ``ideal_makespan``): the step-ordering chain of each
+step's larger of (its work at the throughput of replicas whose KV is full of useful sequences) and
+(its longest rollout's critical path, run alone with its tool waits), or all the work after a step's
+earliest start, whichever is larger. The fixed cap and the adaptive prior both use the mean final
+trace of step 0, as a practitioner measuring the previous run would; traces then grow. Last, the
+routing decision time with 64 replicas (wall clock).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from terminus_env.serving.sim.workload import RolloutPlan, WorkloadConfig, make_
 
 CAPS = ("uncapped", "fixed", "adaptive")
 OVERCOMMIT = "adaptive-oc2"  # adaptive, allowed to probe up to 2x its KV budget while pinned KV stays low
+WHOLE = "adaptive-whole"  # the previous adaptive cap: whole predicted final traces budgeted, FIFO admission
+EXTRA = (OVERCOMMIT, WHOLE)  # run for ours only
 OURS = ("available_kv", "adaptive")
 BASELINES = ("least_requests", "consistent_hash")
 ENGINE = SimConfig(num_gpu_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=32768)
@@ -130,11 +135,24 @@ def work_bound(batch: Sequence[RolloutPlan], cfg: SimConfig, replicas: int) -> f
 
 
 def ideal_makespan(batches: Sequence[Sequence[RolloutPlan]], cluster: ClusterConfig) -> float:
-    cfg = cluster.engine
-    return sum(
-        max(work_bound(batch, cfg, cluster.num_replicas), max(critical_path(p, cfg) for p in batch))
-        for batch in batches
-    )
+    """A lower bound on the makespan of all steps with ``max_async_steps = K``.
+
+    Step ``s`` may start only once steps ``0..s-K`` have all finished (the driver's in-order rule), so
+    its earliest start is the latest earliest end among them, and its earliest end adds the larger of
+    its own work and its longest rollout's critical path. Every step from ``s`` on runs after step
+    ``s``'s earliest start, so their summed work bounds the makespan too; with ``s = 0`` that is all
+    the work of the run. With ``K = 1`` this is the per-step sum of ``max(work, critical path)``.
+    """
+    cfg, k = cluster.engine, cluster.max_async_steps
+    work = [work_bound(batch, cfg, cluster.num_replicas) for batch in batches]
+    path = [max(critical_path(p, cfg) for p in batch) for batch in batches]
+    start: list[float] = []
+    end: list[float] = []
+    for s in range(len(batches)):
+        start.append(max(end[: s - k + 1], default=0.0))
+        end.append(start[s] + max(work[s], path[s]))
+    tails = [start[s] + sum(work[s:]) for s in range(len(batches))]
+    return max(end + tails, default=0.0)
 
 
 # -- runs ---------------------------------------------------------------------------------------------
@@ -149,6 +167,8 @@ def admission_for(cap: str, setup: Setup, batches: Sequence[Sequence[RolloutPlan
     if cap == "fixed":
         per_rank = cl.engine.usable_blocks * cl.engine.block_size / step0_trace
         return FixedAdmission.from_capacity(pipeline, per_rank, cl.num_replicas, headroom=0.9)
+    if cap == WHOLE:
+        return AdaptiveAdmission(pipeline, step0_trace, horizon_turns=None, longest_first=False)
     return AdaptiveAdmission(pipeline, step0_trace, max_target_scale=2.0 if cap == OVERCOMMIT else 1.0)
 
 
@@ -165,8 +185,8 @@ def run_one(policy: str, cap: str, setup: Setup) -> Run:
 
 def run_matrix(setups: Sequence[Setup], policies: Sequence[str] = POLICIES, caps: Sequence[str] = CAPS,
                jobs: int = 1) -> list[Run]:
-    """Every policy under every cap, plus ours with the overcommitting adaptive cap, for each setup."""
-    pairs = [(p, c) for p in policies for c in caps] + [(OURS[0], OVERCOMMIT)]
+    """Every policy under every cap, plus ours with the extra adaptive variants, for each setup."""
+    pairs = [(p, c) for p in policies for c in caps] + [(OURS[0], cap) for cap in EXTRA]
     jobs_args = [(p, c, setup) for setup in setups for p, c in pairs]
     if jobs <= 1:
         return [run_one(*args) for args in jobs_args]
@@ -256,12 +276,12 @@ def _verdict(what: str, met: bool, figure: str) -> str:
     return f"[{'met' if met else 'NOT met'}] {what}: {figure}"
 
 
-def quick_setup() -> Setup:
+def quick_setup(async_steps: int = 2) -> Setup:
     engine = SimConfig(num_gpu_blocks=1024, block_size=16, max_num_seqs=64, max_model_len=8192)
     workload = WorkloadConfig(steps=2, batch_size=4, group_size=4, system_prompt_tokens=256,
                               task_prompt_tokens_median=300, turns_median=3, max_turns=8, output_tokens_median=40,
                               tool_tokens_median=60, max_tokens=512)
-    return Setup(ClusterConfig(num_replicas=2, engine=engine), workload)
+    return Setup(ClusterConfig(num_replicas=2, engine=engine, max_async_steps=async_steps), workload)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,14 +296,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="median output tokens per turn at step 0")
     parser.add_argument("--tool-median", type=float, default=WorkloadConfig.tool_tokens_median,
                         help="median tool-output tokens per turn")
+    parser.add_argument("--async-steps", type=int, default=2,
+                        help="max_async_steps K: a step's rollouts start once fewer than K steps are unfinished "
+                             "(1 = synchronous: each step waits for the previous one)")
     parser.add_argument("--group-affinity", action="store_true", help="co-locate GRPO siblings (off: see notes)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies to run")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        parser.error(f"unknown policies {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
     if args.quick:
-        setups = [quick_setup()]
+        setups = [quick_setup(args.async_steps)]
     else:
         setups = [
-            Setup(ClusterConfig(num_replicas=args.replicas, engine=ENGINE),
+            Setup(ClusterConfig(num_replicas=args.replicas, engine=ENGINE, max_async_steps=args.async_steps),
                   WorkloadConfig(steps=args.steps, batch_size=args.batch, group_size=args.group, seed=seed,
                                  output_tokens_median=args.output_median, tool_tokens_median=args.tool_median),
                   group_affinity=args.group_affinity)
@@ -296,11 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces = [final_trace(p, setup.cluster.engine.max_model_len) for b in batches for p in b]
         engine = setup.cluster.engine
         print(f"seed {setup.workload.seed}: {setup.cluster.num_replicas} replicas x "
-              f"{engine.usable_blocks * engine.block_size} KV tokens; {len(batches)} steps x "
+              f"{engine.usable_blocks * engine.block_size} KV tokens; {len(batches)} steps (async {setup.cluster.max_async_steps}) x "
               f"{setup.workload.batch_size} prompts x {setup.workload.group_size} rollouts; final trace mean "
               f"{statistics.fmean(traces):.0f}, max {max(traces)} tokens; ideal bound {bounds[setup.workload.seed]:.1f} s")
     started = time.perf_counter()
-    runs = run_matrix(setups, jobs=args.jobs)
+    runs = run_matrix(setups, policies, jobs=args.jobs)
     print(table(runs, bounds))
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall; means over {len(setups)} seed(s))")
     decision_us = decision_p50_us("available_kv", replicas=64, samples=300 if args.quick else 3000)

@@ -221,3 +221,83 @@ def test_adaptive_refuses_bad_settings() -> None:
         AdaptiveAdmission(4, 1000, min_limit=5)
     with pytest.raises(ValueError, match="prior_trace_tokens"):
         AdaptiveAdmission(4, 0)
+
+
+def test_horizon_budgets_the_next_turns_not_whole_rollouts() -> None:
+    def run(horizon: float | None) -> AdaptiveAdmission:
+        adm = adaptive(horizon_turns=horizon)
+        observe(adm, 1)
+        for i in range(10):
+            adm.try_acquire(f"s{i}")
+            adm.on_turn(f"s{i}", 2_000)  # first turn
+            adm.on_turn(f"s{i}", 3_000)  # one turn later: +1000
+        for i in range(4):
+            adm.release(f"s{i}", 20_000)  # finished rollouts were long
+        return adm
+
+    near = run(2)
+    # each live rollout is predicted to end at 20000, but two turns ahead it holds 3000 + 2 × 1000
+    assert near.predict_final("s5") == 20_000 and near.predict_within_horizon("s5") == 5_000
+    # a new one: first turn 2000 + one turn of growth; room = floor((80000 - 6 × 5000) / 3000) = 16
+    assert near.expected_new_trace() == 3_000
+    assert near.desired_limit() == 6 + 16
+    whole = run(None)  # every live trace at its predicted final: 120000 > 80000 committed
+    assert whole.predict_within_horizon("s5") == 20_000 and whole.expected_new_trace() == 20_000
+    assert whole.desired_limit() == 6 + (80_000 - 120_000) // 20_000
+
+
+def test_horizon_never_predicts_past_the_final_trace() -> None:
+    adm = adaptive(horizon_turns=50)
+    observe(adm, 1)
+    adm.try_acquire("a")
+    adm.on_turn("a", 1_000)
+    adm.on_turn("a", 2_000)
+    assert adm.predict_within_horizon("a") == adm.predict_final("a") == 4_000  # the prior
+    with pytest.raises(ValueError, match="horizon_turns"):
+        AdaptiveAdmission(4, 1000, horizon_turns=0)
+
+
+def test_longest_first_picks_the_group_predicted_longest_and_reveals_unknown_groups_one_each() -> None:
+    adm = adaptive()
+    observe(adm, 1)
+    for session, group in (("a/0", "a"), ("b/0", "b"), ("x/0", "x")):
+        adm.try_acquire(session, group)
+    adm.on_turn("a/0", 9_000)  # group a is already longer than any rollout ends on average
+    adm.release("b/0", 1_000)  # group b ended short
+    adm.release("x/0", 7_000)  # mean final trace: 4000, what an unknown group is predicted
+    waiting = [("b/1", "b"), ("c/0", "c"), ("c/1", "c"), ("a/1", "a"), ("d/0", "d")]
+    assert adm.pick(waiting) == 3  # a: 9000 > unknown c, d: 4000 > b: 1000
+    del waiting[3]
+    assert adm.pick(waiting) == 1  # c/0: unknown, as early as d/0
+    adm.try_acquire("c/0", "c")
+    del waiting[1]
+    assert waiting[adm.pick(waiting)] == ("d/0", "d")  # c has a sibling running: d reveals its length first
+    assert adaptive(longest_first=False).pick(waiting) == 0  # plain FIFO
+
+
+def test_waiters_are_woken_in_the_order_pick_chooses() -> None:
+    async def main() -> list[str]:
+        adm = AdaptiveAdmission(64, 4_000, kv_capacity_tokens=10_000, target_usage=0.8)  # limit 2
+        assert adm.limit == 2
+        adm.try_acquire("z/0", "z")
+        adm.try_acquire("a/0", "a")
+        adm.on_turn("a/0", 9_000)
+        adm.release("z/0", 1_000)
+        adm.try_acquire("y/0", "y")
+        admitted: list[str] = []
+
+        async def wait(session: str, group: str) -> None:
+            await adm.acquire(session, group)
+            admitted.append(session)
+
+        tasks = [asyncio.create_task(wait("b/0", "b")), asyncio.create_task(wait("a/1", "a"))]
+        await asyncio.sleep(0)
+        assert admitted == []
+        adm.release("y/0", 0)
+        await asyncio.sleep(0)
+        assert admitted == ["a/1"]  # its sibling is long; b is unknown (predicted 1000, the mean final)
+        adm.release("a/0", 9_000)
+        await asyncio.gather(*tasks)
+        return admitted
+
+    assert asyncio.run(main()) == ["a/1", "b/0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -33,7 +34,7 @@ def quick_runs() -> list:
 
 
 def test_every_policy_and_cap_ran(quick_runs: list) -> None:
-    expected = {(p, c) for p in POLICIES for c in bench.CAPS} | {(bench.OURS[0], bench.OVERCOMMIT)}
+    expected = {(p, c) for p in POLICIES for c in bench.CAPS} | {(bench.OURS[0], cap) for cap in bench.EXTRA}
     assert {(r.policy, r.cap) for r in quick_runs} == expected
 
 
@@ -79,3 +80,37 @@ def test_quick_main_prints_the_table_and_the_verdicts(capsys: pytest.CaptureFixt
     assert "ideal bound" in out and "x bound" in out
     assert out.count("decision p50, 64 replicas") == len(POLICIES)
     assert "routing decision <= 50 us p50" in out
+
+
+def test_synchronous_steps_run_back_to_back() -> None:
+    result = bench.run_one("available_kv", "fixed", bench.quick_setup(async_steps=1)).result
+    assert result.finished_rollouts == result.rollouts
+    ends = [start + span for start, span in zip(result.batch_starts_s, result.batch_makespans_s)]
+    assert result.batch_starts_s[0] == 0.0
+    assert result.batch_starts_s[1:] == pytest.approx(ends[:-1])  # each step starts when the previous ends
+    assert result.makespan_s == pytest.approx(sum(result.batch_makespans_s))
+
+
+def test_async_steps_release_a_step_once_fewer_than_k_are_unfinished() -> None:
+    setup = bench.quick_setup(async_steps=2)
+    setup = dataclasses.replace(setup, workload=dataclasses.replace(setup.workload, steps=4))
+    result = bench.run_one("available_kv", "adaptive", setup).result
+    assert result.finished_rollouts == result.rollouts
+    starts, spans = result.batch_starts_s, result.batch_makespans_s
+    ends = [start + span for start, span in zip(starts, spans)]
+    assert starts[:2] == (0.0, 0.0)  # two steps in flight from the start
+    for s in range(2, 4):  # step s waits for steps 0..s-2, and starts as soon as they are done
+        assert starts[s] == pytest.approx(max(ends[: s - 1]))
+    assert result.makespan_s == pytest.approx(max(ends)) and result.makespan_s < sum(spans)
+
+
+def test_the_bound_follows_the_step_ordering_rule() -> None:
+    setup = bench.quick_setup(async_steps=2)
+    batches = make_workload(setup.workload)
+    cfg, n = setup.cluster.engine, setup.cluster.num_replicas
+    work = [bench.work_bound(b, cfg, n) for b in batches]
+    per_step = [max(w, max(bench.critical_path(p, cfg) for p in b)) for w, b in zip(work, batches)]
+    sync = dataclasses.replace(setup.cluster, max_async_steps=1)
+    assert bench.ideal_makespan(batches, sync) == pytest.approx(sum(per_step))
+    # both steps may start at once: the longer of either step alone, or all the work together
+    assert bench.ideal_makespan(batches, setup.cluster) == pytest.approx(max(*per_step, sum(work)))

@@ -14,7 +14,7 @@ import asyncio
 import bisect
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from terminus_env.serving.capacity import (
     max_rollout_concurrency,
@@ -78,6 +78,10 @@ class Admission:
     def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
         """The latest scrape of every replica."""
 
+    def pick(self, waiting: Sequence[tuple[str, str | None]]) -> int:
+        """Which of the waiting ``(session_id, group_id)``, in arrival order, to admit next: the first."""
+        return 0
+
     def _on_admit(self, session_id: str, group_id: str | None) -> None:
         pass
 
@@ -85,15 +89,17 @@ class Admission:
         pass
 
     def _wake(self) -> None:
-        while self._waiters:
-            session_id, group_id, future = self._waiters[0]
-            if future.done():  # cancelled while queued
+        while True:
+            while self._waiters and self._waiters[0][2].done():  # cancelled while queued
                 self._waiters.popleft()
-                continue
-            if not self.try_acquire(session_id, group_id):
+            if not self._waiters or self.in_flight >= self.limit:
                 return
-            self._waiters.popleft()
-            future.set_result(None)
+            live = [w for w in self._waiters if not w[2].done()]
+            entry = live[self.pick([(session_id, group_id) for session_id, group_id, _ in live])]
+            if not self.try_acquire(entry[0], entry[1]):
+                return
+            self._waiters.remove(entry)
+            entry[2].set_result(None)
 
 
 class FixedAdmission(Admission):
@@ -123,17 +129,24 @@ class FixedAdmission(Admission):
 
 
 class AdaptiveAdmission(Admission):
-    """A cap that budgets the predicted final traces of running rollouts against the KV pool.
+    """A cap that budgets the predicted traces of running rollouts against the KV pool.
 
     On each ``observe`` it predicts every running rollout's final trace length (finished siblings of its
     group first, then finished rollouts at least as long as it is now, then ``prior_trace_tokens``),
-    and sets ``limit = running + (target × KV capacity - Σ predictions) // expected new trace``, within
-    ``[min_limit, pipeline_cap]``, where ``target = target_usage × scale``. ``scale`` drops by
+    caps it at the trace ``horizon_turns`` turns ahead (its live trace plus the mean growth per turn
+    seen so far), and sets ``limit = running + (target × KV capacity - Σ predictions) // expected new
+    trace`` (a new rollout's first-turn trace plus ``horizon_turns - 1`` turns of growth, at most the
+    mean final trace), within ``[min_limit, pipeline_cap]``, where ``target = target_usage × scale``.
+    The horizon is there because rollouts finish while others grow: budgeting every live rollout at
+    its final length counts KV that the longest ones reach only after most others have left, and the
+    live set is biased towards long rollouts, since they stay longer. ``horizon_turns=None`` budgets
+    whole rollouts (what the previous version did: hardly any preemption, but KV left idle). With ``longest_first``, waiters
+    are admitted longest-predicted group first (see ``pick``). ``scale`` drops by
     ``backoff`` at once whenever the engines' preemption counters rise, and after ``recover_after``
     quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on up to
     ``max_target_scale`` (overcommit) only while the limit is what holds rollouts back and no engine
     has more than ``probe_below_usage`` of its KV pinned (rollouts waiting on tools pin none). With the
-    default ``max_target_scale = 1`` every admitted trace is budgeted to stay resident. Moves smaller than
+    default ``max_target_scale = 1`` the budget never exceeds ``target_usage`` of the pool. Moves smaller than
     ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
     observations in a row, so one burst does not swing it; preemptions lower it at once.
     """
@@ -155,6 +168,8 @@ class AdaptiveAdmission(Admission):
         deadband: float = 0.05,
         patience: int = 3,
         history: int = 512,
+        horizon_turns: float | None = 2.0,
+        longest_first: bool = True,
     ) -> None:
         if pipeline_cap < 1 or min_limit < 1 or min_limit > pipeline_cap:
             raise ValueError(f"need 1 <= min_limit ({min_limit}) <= pipeline_cap ({pipeline_cap})")
@@ -164,6 +179,8 @@ class AdaptiveAdmission(Admission):
             raise ValueError("target_usage, backoff and min_target_scale must be fractions in (0, 1]")
         if max_target_scale < 1:
             raise ValueError(f"max_target_scale must be at least 1, got {max_target_scale}")
+        if horizon_turns is not None and horizon_turns <= 0:
+            raise ValueError(f"horizon_turns must be positive (or None for whole rollouts), got {horizon_turns}")
         super().__init__()
         self.pipeline_cap = pipeline_cap
         self.prior_trace_tokens = float(prior_trace_tokens)
@@ -177,13 +194,19 @@ class AdaptiveAdmission(Admission):
         self.probe_below_usage = probe_below_usage
         self.deadband = deadband
         self.patience = patience
+        self.horizon_turns = horizon_turns
+        self.longest_first = longest_first
+        self._history = history
         self._capacity = kv_capacity_tokens
         self._scale = 1.0  # preemption backoff (< 1) or probed overcommit (> 1) on target_usage
         self._live: dict[str, int] = {}  # session -> live trace tokens
         self._group_of: dict[str, str | None] = {}
         self._group_finals: dict[str, list[int]] = {}
         self._live_per_group: dict[str, int] = {}
+        self._admitted_per_group: dict[str, int] = {}  # siblings admitted so far, for groups seen lately
         self._finals: deque[int] = deque(maxlen=history)
+        self._first_traces: deque[int] = deque(maxlen=history)  # trace after a rollout's first turn
+        self._growths: deque[int] = deque(maxlen=history)  # trace growth between consecutive turns
         self._sorted_finals: list[int] = []
         self._suffix: list[float] | None = None
         self._preemptions: float | None = None
@@ -209,10 +232,18 @@ class AdaptiveAdmission(Admission):
         self._group_of[session_id] = group_id
         if group_id is not None:
             self._live_per_group[group_id] = self._live_per_group.get(group_id, 0) + 1
+            self._admitted_per_group[group_id] = self._admitted_per_group.get(group_id, 0) + 1
+            self._forget_old_groups()
 
     def on_turn(self, session_id: str, trace_tokens: int) -> None:
-        if session_id in self._live:
-            self._live[session_id] = trace_tokens
+        if session_id not in self._live:
+            return
+        before = self._live[session_id]
+        if before == 0:
+            self._first_traces.append(trace_tokens)
+        elif trace_tokens > before:
+            self._growths.append(trace_tokens - before)
+        self._live[session_id] = trace_tokens
 
     def _on_release(self, session_id: str, final_trace_tokens: int) -> None:
         self._live.pop(session_id, None)
@@ -223,9 +254,15 @@ class AdaptiveAdmission(Admission):
                 self._group_finals.setdefault(group, []).append(final_trace_tokens)
         if group is not None:
             self._live_per_group[group] -= 1
-            if self._live_per_group[group] == 0:  # the group is done: its finals are no use any more
+            if self._live_per_group[group] == 0:  # siblings may still be waiting: keep its finals a while
                 del self._live_per_group[group]
-                self._group_finals.pop(group, None)
+
+    def _forget_old_groups(self) -> None:
+        """Keep what is known of at most ``history`` groups, dropping the oldest with nothing live."""
+        for memory in (self._admitted_per_group, self._group_finals):
+            if len(memory) > self._history:
+                for group in [g for g in memory if g not in self._live_per_group][: len(memory) - self._history]:
+                    del memory[group]
 
     def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
         capacities = [m.kv_capacity_tokens for m in metrics.values()]
@@ -258,6 +295,36 @@ class AdaptiveAdmission(Admission):
 
     # -- the decision --------------------------------------------------------------------------------
 
+    def pick(self, waiting: Sequence[tuple[str, str | None]]) -> int:
+        """FIFO, or with ``longest_first`` the waiter whose group is predicted longest.
+
+        A group's prediction is the larger of its finished siblings' mean final trace and its longest
+        live sibling's trace so far (siblings share a task, so their lengths correlate); a group nobody
+        has started yet gets the prior. Among equals, the group with fewest siblings admitted goes
+        first, so every group starts one rollout early and reveals its length: longest-processing-time
+        first, the classic makespan heuristic, with lengths learnt from siblings.
+        """
+        if not self.longest_first or len(waiting) < 2:
+            return 0
+        live_max: dict[str, int] = {}
+        for session, trace in self._live.items():
+            group = self._group_of.get(session)
+            if group is not None and trace > live_max.get(group, 0):
+                live_max[group] = trace
+        prior = self._mean_final()
+
+        def key(i: int) -> tuple[float, int, int]:
+            group = waiting[i][1]
+            if group is None:
+                return (-prior, 0, i)
+            finals = self._group_finals.get(group)
+            known = [sum(finals) / len(finals)] if finals else []
+            if group in live_max:
+                known.append(live_max[group])
+            return (-(max(known) if known else prior), self._admitted_per_group.get(group, 0), i)
+
+        return min(range(len(waiting)), key=key)
+
     def predict_final(self, session_id: str) -> float:
         """Expected final trace tokens of a running rollout."""
         now = self._live.get(session_id, 0)
@@ -273,16 +340,35 @@ class AdaptiveAdmission(Admission):
         return max(self.prior_trace_tokens, now * 1.25)
 
     def expected_new_trace(self) -> float:
-        if self._finals:
-            return sum(self._finals) / len(self._finals)
-        return self.prior_trace_tokens
+        """What a rollout admitted now is budgeted: its final trace, or its trace after the horizon."""
+        final = self._mean_final()
+        if self.horizon_turns is None or not self._first_traces:
+            return final
+        first = sum(self._first_traces) / len(self._first_traces)
+        return min(final, first + self._turn_growth() * (self.horizon_turns - 1))
+
+    def _mean_final(self) -> float:
+        return sum(self._finals) / len(self._finals) if self._finals else self.prior_trace_tokens
+
+    def predict_within_horizon(self, session_id: str) -> float:
+        """A running rollout's trace ``horizon_turns`` turns from now, never past its predicted final."""
+        final = self.predict_final(session_id)
+        if self.horizon_turns is None:
+            return final
+        return min(final, self._live.get(session_id, 0) + self._turn_growth() * self.horizon_turns)
+
+    def _turn_growth(self) -> float:
+        """Mean trace growth per turn seen so far (tool output plus the next answer)."""
+        if self._growths:
+            return sum(self._growths) / len(self._growths)
+        return self.prior_trace_tokens  # nothing seen yet: as cautious as the whole-rollout budget
 
     def desired_limit(self) -> int:
         """What the limit would be now, before deadband and patience."""
         if self._capacity is None:
             return self._limit
         budget = self.target_usage * self._scale * self._capacity
-        committed = sum(self.predict_final(s) for s in self._live)
+        committed = sum(self.predict_within_horizon(s) for s in self._live)
         room = math.floor((budget - committed) / self.expected_new_trace())  # < 0 when over budget
         return max(self.min_limit, min(self.pipeline_cap, len(self._live) + room))
 

@@ -3,8 +3,10 @@
 The benchmark needs hours of serving per policy in seconds of CPU, with the router and admission
 controller making the same calls they make in ``ServingPool``: ``route`` / ``on_dispatch`` /
 ``on_complete`` / ``release`` and ``try_acquire`` / ``on_turn`` / ``release`` / ``observe``, with a
-scrape every ``scrape_interval_s`` of virtual time. Training steps are released as whole batches;
-with ``max_async_steps = 1`` a step starts when the previous one has fully finished.
+scrape every ``scrape_interval_s`` of virtual time. Training steps are released as whole batches:
+step ``s`` is released once steps ``0..s-K`` have all finished (``K = max_async_steps``; the trainer
+consumes steps in order), so with ``K = 1`` a step starts when the previous one has fully finished and
+with ``K >= 2`` the next steps' rollouts start while the previous step's stragglers still run.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class ClusterResult:
     batch_makespans_s: tuple[float, ...]
+    batch_starts_s: tuple[float, ...]  # when each step's rollouts were released
     makespan_s: float
     rollouts: int
     finished_rollouts: int
@@ -178,8 +181,21 @@ class _Run:
         self.admit()
 
     def admit(self) -> None:
-        while self.queue and self.admission.try_acquire(self.queue[0].plan.rollout_id, self.queue[0].plan.group_id):
-            self.send_turn(self.queue.popleft())
+        """Admit while the limit allows; the oldest step's waiters first (its end gates the next step's
+        release), and among them the one ``Admission.pick`` chooses."""
+        while self.queue and self.admission.in_flight < self.admission.limit:
+            cohort = self.oldest_step_waiting()
+            i = self.admission.pick([(ro.plan.rollout_id, ro.plan.group_id) for ro in cohort])
+            ro = cohort[i]
+            if not self.admission.try_acquire(ro.plan.rollout_id, ro.plan.group_id):
+                return
+            del self.queue[i]
+            self.send_turn(ro)
+
+    def oldest_step_waiting(self) -> list[_Rollout]:
+        """The queue's head run of rollouts from one step (the queue holds steps in release order)."""
+        step = self.queue[0].plan.step
+        return list(itertools.takewhile(lambda ro: ro.plan.step == step, self.queue))
 
     def send_turn(self, ro: _Rollout) -> None:
         plan = ro.plan
@@ -272,6 +288,7 @@ class _Run:
         ttfts = np.array(t.ttfts) if t.ttfts else np.zeros(1)
         return ClusterResult(
             batch_makespans_s=spans,
+            batch_starts_s=tuple(self.batch_start),
             makespan_s=max(self.batch_end) if self.batch_end else 0.0,
             rollouts=sum(len(b) for b in self.batches),
             finished_rollouts=t.finished,
