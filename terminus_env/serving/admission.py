@@ -168,7 +168,7 @@ class AdaptiveAdmission(Admission):
         deadband: float = 0.05,
         patience: int = 3,
         history: int = 512,
-        horizon_turns: float | None = 2.0,
+        horizon_turns: float | None = 3.0,
         longest_first: bool = True,
     ) -> None:
         if pipeline_cap < 1 or min_limit < 1 or min_limit > pipeline_cap:
