@@ -301,3 +301,12 @@ def test_waiters_are_woken_in_the_order_pick_chooses() -> None:
         return admitted
 
     assert asyncio.run(main()) == ["a/1", "b/0"]
+
+
+def test_turn_statistics_follow_the_recent_window() -> None:
+    adm = adaptive(history=2, horizon_turns=1)
+    observe(adm, 1)
+    for session, first in (("a", 1_000), ("b", 2_000), ("c", 3_000)):
+        adm.try_acquire(session)
+        adm.on_turn(session, first)
+    assert adm.expected_new_trace() == 2_500  # the last two first-turn traces; one turn ahead is the first

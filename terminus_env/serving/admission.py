@@ -140,14 +140,15 @@ class AdaptiveAdmission(Admission):
     The horizon is there because rollouts finish while others grow: budgeting every live rollout at
     its final length counts KV that the longest ones reach only after most others have left, and the
     live set is biased towards long rollouts, since they stay longer. ``horizon_turns=None`` budgets
-    whole rollouts (what the previous version did: hardly any preemption, but KV left idle). With ``longest_first``, waiters
-    are admitted longest-predicted group first (see ``pick``). ``scale`` drops by
-    ``backoff`` at once whenever the engines' preemption counters rise, and after ``recover_after``
-    quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on up to
+    whole rollouts (the previous behaviour: hardly any preemption, but KV left idle). With
+    ``longest_first``, waiters are admitted longest-predicted group first (see ``pick``).
+
+    ``scale`` drops by ``backoff`` at once whenever the engines' preemption counters rise, and after
+    ``recover_after`` quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on up to
     ``max_target_scale`` (overcommit) only while the limit is what holds rollouts back and no engine
     has more than ``probe_below_usage`` of its KV pinned (rollouts waiting on tools pin none). With the
-    default ``max_target_scale = 1`` the budget never exceeds ``target_usage`` of the pool. Moves smaller than
-    ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
+    default ``max_target_scale = 1`` the budget never exceeds ``target_usage`` of the pool. Moves smaller
+    than ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
     observations in a row, so one burst does not swing it; preemptions lower it at once.
     """
 
@@ -205,8 +206,8 @@ class AdaptiveAdmission(Admission):
         self._live_per_group: dict[str, int] = {}
         self._admitted_per_group: dict[str, int] = {}  # siblings admitted so far, for groups seen lately
         self._finals: deque[int] = deque(maxlen=history)
-        self._first_traces: deque[int] = deque(maxlen=history)  # trace after a rollout's first turn
-        self._growths: deque[int] = deque(maxlen=history)  # trace growth between consecutive turns
+        self._first_traces = _RecentMean(history)  # trace after a rollout's first turn
+        self._growths = _RecentMean(history)  # trace growth between consecutive turns
         self._sorted_finals: list[int] = []
         self._suffix: list[float] | None = None
         self._preemptions: float | None = None
@@ -300,7 +301,7 @@ class AdaptiveAdmission(Admission):
 
         A group's prediction is the larger of its finished siblings' mean final trace and its longest
         live sibling's trace so far (siblings share a task, so their lengths correlate); a group nobody
-        has started yet gets the prior. Among equals, the group with fewest siblings admitted goes
+        has started yet gets the mean final trace (the prior until rollouts finish). Among equals, the group with fewest siblings admitted goes
         first, so every group starts one rollout early and reveals its length: longest-processing-time
         first, the classic makespan heuristic, with lengths learnt from siblings.
         """
@@ -342,10 +343,9 @@ class AdaptiveAdmission(Admission):
     def expected_new_trace(self) -> float:
         """What a rollout admitted now is budgeted: its final trace, or its trace after the horizon."""
         final = self._mean_final()
-        if self.horizon_turns is None or not self._first_traces:
+        if self.horizon_turns is None or not self._first_traces.count:
             return final
-        first = sum(self._first_traces) / len(self._first_traces)
-        return min(final, first + self._turn_growth() * (self.horizon_turns - 1))
+        return min(final, self._first_traces.mean + self._turn_growth() * (self.horizon_turns - 1))
 
     def _mean_final(self) -> float:
         return sum(self._finals) / len(self._finals) if self._finals else self.prior_trace_tokens
@@ -359,8 +359,8 @@ class AdaptiveAdmission(Admission):
 
     def _turn_growth(self) -> float:
         """Mean trace growth per turn seen so far (tool output plus the next answer)."""
-        if self._growths:
-            return sum(self._growths) / len(self._growths)
+        if self._growths.count:
+            return self._growths.mean
         return self.prior_trace_tokens  # nothing seen yet: as cautious as the whole-rollout budget
 
     def desired_limit(self) -> int:
@@ -410,3 +410,25 @@ class AdaptiveAdmission(Admission):
             del self._sorted_finals[bisect.bisect_left(self._sorted_finals, old)]
         self._finals.append(tokens)
         bisect.insort(self._sorted_finals, tokens)
+
+
+class _RecentMean:
+    """The mean of the last ``size`` values, kept up to date in O(1) per value."""
+
+    def __init__(self, size: int) -> None:
+        self._values: deque[int] = deque(maxlen=size)
+        self._sum = 0
+
+    def append(self, value: int) -> None:
+        if len(self._values) == self._values.maxlen:
+            self._sum -= self._values[0]
+        self._values.append(value)
+        self._sum += value
+
+    @property
+    def count(self) -> int:
+        return len(self._values)
+
+    @property
+    def mean(self) -> float:
+        return self._sum / len(self._values) if self._values else 0.0
