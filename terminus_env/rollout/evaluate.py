@@ -14,7 +14,6 @@ import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import TextIO
 
 from terminus_env.metrics import aggregate
@@ -101,7 +100,7 @@ def print_results(trajectories: Sequence[Trajectory], out: TextIO) -> None:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip(), file=out)
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
         if i == 0:
             print("  ".join("-" * w for w in widths), file=out)
     summaries = [t.summary for t in trajectories if t.summary is not None]
