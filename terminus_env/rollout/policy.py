@@ -8,10 +8,14 @@ import io
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from terminus_env.env import Reply
 from terminus_env.tasks import Task
+
+if TYPE_CHECKING:
+    from terminus_env.serving import ServingPool
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Policy(Protocol):
 class ServingPolicy:
     """Replies from a model behind a :class:`terminus_env.serving.ServingPool`."""
 
-    def __init__(self, pool: Any, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, pool: ServingPool, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None) -> None:
         self._pool = pool
         self._max_tokens = max_tokens
         self._sampling = dict(sampling or {})
@@ -135,7 +139,7 @@ def _install_and_run(task: Task) -> str:
     )
 
 
-def _tar_gz(path: Any) -> bytes:
+def _tar_gz(path: Path) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         if path.is_dir():
