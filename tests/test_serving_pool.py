@@ -10,7 +10,7 @@ import time
 import pytest
 from serving_support import SimProcesses, wait_healthy
 
-from terminus_env.serving.admission import FixedAdmission
+from terminus_env.serving.admission import AdaptiveAdmission, FixedAdmission
 from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ReplicaUnavailable
 from terminus_env.serving.pool import ServingPool
 from terminus_env.serving.sim.engine import SimConfig
@@ -112,6 +112,67 @@ def test_admission_caps_live_sessions():
 
     run(main())
     assert live["max"] == 2 and admission.in_flight == 0
+
+
+def test_adaptive_admission_is_told_where_each_session_went():
+    admission = AdaptiveAdmission(pipeline_cap=8, prior_trace_tokens=500)
+
+    async def one(pool, session):
+        async with pool.session(session):
+            c = await pool.chat(session, [{"role": "user", "content": f"hi from {session}"}], max_tokens=50)
+            return c.replica, admission.replica_of(session)
+
+    async def main():
+        async with (
+            SimServer(FAST) as a,
+            SimServer(FAST) as b,
+            ServingPool([a.url, b.url], "m", admission=admission, scrape_interval_s=0.05) as pool,
+        ):
+            await asyncio.sleep(0.2)  # a scrape: the controller learns both replicas' KV
+            return await asyncio.gather(*(one(pool, f"s{i}") for i in range(4)))
+
+    placed = run(main())
+    assert all(served == charged for served, charged in placed)  # its KV is charged where it runs
+    assert len({served for served, _ in placed}) == 2 and admission.in_flight == 0
+
+
+def test_rebalance_moves_a_session_off_a_saturated_replica_between_turns():
+    preload = ScriptedReplies([("PRELOAD", ["long " * 2000])], ["ok"])
+    small = ServerConfig(model="m", time_scale=1.0, engine=SimConfig(num_gpu_blocks=257, max_model_len=4096))
+
+    async def main():
+        async with (
+            SimServer(small, preload) as busy,
+            SimServer(FAST) as idle,
+            ReplicaClient(busy.url) as direct,
+            ServingPool([busy.url, idle.url], "m", scrape_interval_s=0.05, rebalance=True) as pool,
+        ):
+            pool.router.mark_down(idle.url)  # the session starts on the small replica
+            messages = [{"role": "user", "content": "task: do the thing"}]
+            homes = []
+            async with pool.session("s"):
+                for turn in range(3):  # the default cooldown: three turns at home
+                    c = await pool.chat("s", messages, max_tokens=50)
+                    homes.append(c.replica)
+                    messages += [{"role": "assistant", "content": c.text}, {"role": "user", "content": f"out {turn}"}]
+                pool.router.mark_up(idle.url)
+                loading = [
+                    asyncio.create_task(
+                        direct.chat("m", [{"role": "user", "content": f"PRELOAD {i} " + "ctx " * 900}], max_tokens=2000)
+                    )
+                    for i in range(3)
+                ]
+                while pool.latest_metrics().get(busy.url) is None or pool.latest_metrics()[busy.url].kv_cache_usage < 0.8:
+                    await asyncio.sleep(0.02)
+                moved = await pool.chat("s", messages, max_tokens=50)
+            for task in loading:
+                task.cancel()
+            await asyncio.gather(*loading, return_exceptions=True)
+            return homes, moved.replica, pool.router.migrations, busy.url, idle.url
+
+    homes, moved, migrations, busy_url, idle_url = run(main())
+    assert homes == [busy_url] * 3
+    assert moved == idle_url and migrations == 1
 
 
 def test_context_length_is_typed_and_keeps_the_replica_up():

@@ -310,3 +310,49 @@ def test_turn_statistics_follow_the_recent_window() -> None:
         adm.try_acquire(session)
         adm.on_turn(session, first)
     assert adm.expected_new_trace() == 2_500  # the last two first-turn traces; one turn ahead is the first
+
+
+def scrape_by_replica(preemptions: dict[str, float]) -> dict[str, EngineMetrics]:
+    return {name: dataclasses.replace(m, num_preemptions_total=preemptions.get(name, 0.0))
+            for name, m in scrape().items()}
+
+
+def test_a_replica_over_budget_does_not_hold_back_admission_onto_an_idle_one() -> None:
+    adm = adaptive()
+    observe(adm, 1)  # two replicas of 50000 tokens: 40000 each to budget
+    for i in range(8):
+        adm.try_acquire(f"s{i}")
+        adm.on_placed(f"s{i}", "0")
+        adm.on_turn(f"s{i}", 6_000)  # each predicted at max(prior, 1.25 × 6000) = 7500: 60000 on "0"
+    assert adm.replica_of("s0") == "0" and adm.replica_of("nobody") is None
+    # "1" is empty: floor(40000 / 4000) new rollouts fit there. One pooled budget would give
+    # 8 + floor((80000 - 60000) / 4000) = 13.
+    assert adm.desired_limit() == 18
+    for i in range(8, 16):
+        adm.try_acquire(f"s{i}")
+        adm.on_placed(f"s{i}", "1")
+        adm.on_turn(f"s{i}", 6_000)
+    # Now no replica has room: the deficit counts, so finishing rollouts do not let new ones in.
+    assert adm.desired_limit() == 16 + (80_000 - 120_000) // 4_000
+    adm.on_placed("s15", "0")  # a failover or a move charges the new replica
+    assert adm.replica_of("s15") == "0"
+    adm.release("s15", 7_000)
+    assert adm.replica_of("s15") is None
+
+
+def test_sessions_not_placed_yet_are_charged_against_the_room_left() -> None:
+    adm = adaptive()
+    observe(adm, 1)
+    for i in range(4):
+        adm.try_acquire(f"s{i}")
+        adm.on_turn(f"s{i}", 6_000)  # 4 × 7500 predicted, not placed (a caller that never says where)
+    assert adm.desired_limit() == 4 + (80_000 - 30_000) // 4_000
+
+
+def test_preemptions_back_off_only_the_replica_that_preempted() -> None:
+    adm = adaptive(recover_after=3)
+    adm.observe(scrape_by_replica({}))
+    assert adm.limit == 20
+    adm.observe(scrape_by_replica({"0": 3}))
+    assert adm.target_scale == pytest.approx(0.8)  # the most backed-off replica's factor
+    assert adm.limit == (0.8 * 0.8 * 50_000 + 0.8 * 50_000) // 4_000  # 18; a pooled backoff gave 16

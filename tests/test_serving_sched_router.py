@@ -230,3 +230,34 @@ def test_bad_arguments_are_refused() -> None:
     r, _ = router("requests")
     with pytest.raises(UnknownReplica, match="knows a, b, c"):
         r.on_dispatch("z", "s", 1)
+
+
+def test_rebalance_moves_a_session_between_turns_off_a_saturated_replica() -> None:
+    r, _ = router("available_kv", rebalance=True, rebalance_after_turns=2, turn_growth_prior_tokens=0)
+    scrape(r, a=em(0.1), b=em(0.2), c=em(0.3))
+    home = turn(r, "s", 20_000, 1_000)
+    assert home == "a"
+    # a: 0.95 pinned + s's own 21000-token trace (0.32) = 1.27 >= 1.0; c with s's trace would be 0.37
+    scrape(r, a=em(0.95), b=em(0.40), c=em(0.05))
+    r.on_dispatch(r.route("s"), "s", 21_000)  # turn 2 stays: one turn done there, the cooldown is two
+    assert r.route("s") == "a"  # a request in flight is never moved
+    r.on_complete("a", "s", 21_000, 500)
+    assert r.route("s") == "c" and r.migrations == 1  # turn 3 moves to the emptiest replica
+    assert r.replica_of("s") == "c" and r.sessions_on("a") == 0 and r.sessions_on("c") == 1
+    assert r.route("s") == "c"  # the cooldown starts again on its new home
+
+
+def test_rebalance_needs_a_saturated_home_and_a_clear_margin() -> None:
+    for a_usage, others in ((0.60, 0.0), (0.95, 0.80)):
+        r, _ = router("available_kv", rebalance=True, rebalance_after_turns=0, turn_growth_prior_tokens=0)
+        scrape(r, a=em(0.1), b=em(0.2), c=em(0.3))
+        assert turn(r, "s", 20_000, 1_000) == "a"
+        scrape(r, a=em(a_usage), b=em(others), c=em(others))
+        # a at 0.60 + 0.32 is not saturated; at 0.95 + 0.32 = 1.27 the others would be 1.12: too close
+        assert [r.route("s") for _ in range(3)] == ["a"] * 3 and r.migrations == 0
+
+
+def test_rebalance_is_off_by_default_and_only_for_kv_policies() -> None:
+    assert Router(["a"]).rebalance is False
+    with pytest.raises(ValueError, match="rebalance needs a KV policy"):
+        Router(["a", "b"], "least_requests", rebalance=True)

@@ -75,6 +75,9 @@ class Admission:
     def on_turn(self, session_id: str, trace_tokens: int) -> None:
         """The session's live trace after a turn (prompt + completion tokens)."""
 
+    def on_placed(self, session_id: str, replica: str) -> None:
+        """The router sent the session's request to ``replica`` (its first turn, or a failover)."""
+
     def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
         """The latest scrape of every replica."""
 
@@ -134,22 +137,23 @@ class AdaptiveAdmission(Admission):
     On each ``observe`` it predicts every running rollout's final trace length (finished siblings of its
     group first, then finished rollouts at least as long as it is now, then ``prior_trace_tokens``),
     caps it at the trace ``horizon_turns`` turns ahead (its live trace plus the mean growth per turn
-    seen so far), and sets ``limit = running + (target × KV capacity - Σ predictions) // expected new
+    seen so far), and charges it to the replica holding it (``on_placed``). Each replica's budget is
+    ``target_usage × its scale × its KV capacity``; the limit is ``running + room // expected new
     trace`` (a new rollout's first-turn trace plus ``horizon_turns - 1`` turns of growth, at most the
-    mean final trace), within ``[min_limit, pipeline_cap]``, where ``target = target_usage × scale``.
-    The horizon is there because rollouts finish while others grow: budgeting every live rollout at
-    its final length counts KV that the longest ones reach only after most others have left, and the
-    live set is biased towards long rollouts, since they stay longer. ``horizon_turns=None`` budgets
-    whole rollouts (the previous behaviour: hardly any preemption, but KV left idle). With
-    ``longest_first``, waiters are admitted longest-predicted group first (see ``pick``).
+    mean final trace), within ``[min_limit, pipeline_cap]``, where ``room`` is what is left on the
+    replicas with room (see ``desired_limit``). The horizon is there because rollouts finish while
+    others grow: budgeting every live rollout at its final length counts KV that the longest ones
+    reach only after most others have left, and the live set is biased towards long rollouts, since
+    they stay longer. ``horizon_turns=None`` budgets whole rollouts (hardly any preemption, but KV left
+    idle). With ``longest_first``, waiters are admitted longest-predicted group first (see ``pick``).
 
-    ``scale`` drops by ``backoff`` at once whenever the engines' preemption counters rise, and after
-    ``recover_after`` quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on up to
-    ``max_target_scale`` (overcommit) only while the limit is what holds rollouts back and no engine
-    has more than ``probe_below_usage`` of its KV pinned (rollouts waiting on tools pin none). With the
-    default ``max_target_scale = 1`` the budget never exceeds ``target_usage`` of the pool. Moves smaller
-    than ``deadband`` (a fraction of the limit) are ignored and a move must be wanted ``patience``
-    observations in a row, so one burst does not swing it; preemptions lower it at once.
+    A replica's scale drops by ``backoff`` at once when its preemption counter rises, and after
+    ``recover_after`` quiet observations climbs by ``recover_step`` per observation: back to 1.0, and on
+    up to ``max_target_scale`` (overcommit) only while the limit is what holds rollouts back and that
+    replica has less than ``probe_below_usage`` of its KV pinned (rollouts waiting on tools pin none).
+    With the default ``max_target_scale = 1`` no budget exceeds ``target_usage`` of its replica. Moves
+    smaller than ``deadband`` (a fraction of the limit) are ignored and a move must be wanted
+    ``patience`` observations in a row, so one burst does not swing it; preemptions lower it at once.
     """
 
     def __init__(
@@ -199,8 +203,12 @@ class AdaptiveAdmission(Admission):
         self.longest_first = longest_first
         self._history = history
         self._capacity = kv_capacity_tokens
-        self._scale = 1.0  # preemption backoff (< 1) or probed overcommit (> 1) on target_usage
+        self._capacities: dict[str, int] = {}  # replica -> KV tokens, from the latest scrape
+        self._scales: dict[str, float] = {}  # replica -> backoff (< 1) or probed overcommit (> 1) on target_usage
+        self._quiet: dict[str, int] = {}  # replica -> scrapes since its preemption counter last rose
+        self._preemptions: dict[str, float] = {}
         self._live: dict[str, int] = {}  # session -> live trace tokens
+        self._replica_of: dict[str, str] = {}  # session -> the replica that holds its KV
         self._group_of: dict[str, str | None] = {}
         self._group_finals: dict[str, list[int]] = {}
         self._live_per_group: dict[str, int] = {}
@@ -210,8 +218,6 @@ class AdaptiveAdmission(Admission):
         self._growths = _RecentMean(history)  # trace growth between consecutive turns
         self._sorted_finals: list[int] = []
         self._suffix: list[float] | None = None
-        self._preemptions: float | None = None
-        self._quiet = 0
         self._pending_dir = 0
         self._pending_count = 0
         self._limit = self._initial_limit()
@@ -223,8 +229,9 @@ class AdaptiveAdmission(Admission):
 
     @property
     def target_scale(self) -> float:
-        """The factor on ``target_usage`` now: below 1 after preemptions, above 1 while overcommit is probed."""
-        return self._scale
+        """The most backed-off replica's factor on ``target_usage``: below 1 after its preemptions, above 1
+        while overcommit is probed."""
+        return min(self._scales.values(), default=1.0)
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -246,8 +253,17 @@ class AdaptiveAdmission(Admission):
             self._growths.append(trace_tokens - before)
         self._live[session_id] = trace_tokens
 
+    def on_placed(self, session_id: str, replica: str) -> None:
+        if session_id in self._live:
+            self._replica_of[session_id] = replica
+
+    def replica_of(self, session_id: str) -> str | None:
+        """Where a live session's KV is charged (None until placed)."""
+        return self._replica_of.get(session_id)
+
     def _on_release(self, session_id: str, final_trace_tokens: int) -> None:
         self._live.pop(session_id, None)
+        self._replica_of.pop(session_id, None)
         group = self._group_of.pop(session_id, None)
         if final_trace_tokens > 0:
             self._remember_final(final_trace_tokens)
@@ -266,33 +282,35 @@ class AdaptiveAdmission(Admission):
                     del memory[group]
 
     def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
-        capacities = [m.kv_capacity_tokens for m in metrics.values()]
-        if capacities and all(c is not None for c in capacities):
-            self._capacity = sum(c for c in capacities if c is not None)
-        preempted = self._preemptions_rose(metrics)
-        if preempted:
-            self._scale = max(self.min_target_scale, self._scale * self.backoff)
-            self._quiet = 0
-        else:
-            self._quiet += 1
-            # Creep back to 1.0; past it (overcommit) only while the limit is what holds rollouts back
-            # and the engines' pinned KV says there is room (rollouts waiting on tools pin none).
-            usage = max((m.kv_cache_usage for m in metrics.values()), default=1.0)
-            probing = self.in_flight >= self._limit and usage < self.probe_below_usage
-            ceiling = self.max_target_scale if probing else 1.0
-            if self._quiet >= self.recover_after and self._scale < ceiling:
-                self._scale = min(ceiling, self._scale + self.recover_step)
+        capacities = {name: m.kv_capacity_tokens for name, m in metrics.items()}
+        if capacities and all(c is not None for c in capacities.values()):
+            self._capacities = {name: c for name, c in capacities.items() if c is not None}
+            self._capacity = sum(self._capacities.values())
+        binding = self.in_flight >= self._limit
+        preempted = [self._adjust_scale(name, m, binding) for name, m in metrics.items()]
         if not self._calibrated and self._capacity is not None:
             self._limit, self._calibrated = self.desired_limit(), True  # the first real figure: take it
         else:
-            self._update_limit(self.desired_limit(), urgent=preempted)
+            self._update_limit(self.desired_limit(), urgent=any(preempted))
         self._wake()
 
-    def _preemptions_rose(self, metrics: Mapping[str, EngineMetrics]) -> bool:
-        total = sum(m.num_preemptions_total for m in metrics.values())
-        rose = self._preemptions is not None and total > self._preemptions
-        self._preemptions = total
-        return rose
+    def _adjust_scale(self, name: str, m: EngineMetrics, binding: bool) -> bool:
+        """Back a replica's budget off at once when its preemption counter rose; else let it creep back
+        to 1.0, and past it (overcommit) only while the limit is what holds rollouts back and the
+        replica's pinned KV says there is room (rollouts waiting on tools pin none). True if it rose."""
+        before = self._preemptions.get(name)
+        self._preemptions[name] = m.num_preemptions_total
+        scale = self._scales.get(name, 1.0)
+        if before is not None and m.num_preemptions_total > before:
+            self._scales[name] = max(self.min_target_scale, scale * self.backoff)
+            self._quiet[name] = 0
+            return True
+        self._quiet[name] = quiet = self._quiet.get(name, 0) + 1
+        probing = binding and m.kv_cache_usage < self.probe_below_usage
+        ceiling = self.max_target_scale if probing else 1.0
+        if quiet >= self.recover_after and scale < ceiling:
+            self._scales[name] = min(ceiling, scale + self.recover_step)
+        return False
 
     # -- the decision --------------------------------------------------------------------------------
 
@@ -364,12 +382,33 @@ class AdaptiveAdmission(Admission):
         return self.prior_trace_tokens  # nothing seen yet: as cautious as the whole-rollout budget
 
     def desired_limit(self) -> int:
-        """What the limit would be now, before deadband and patience."""
+        """What the limit would be now, before deadband and patience.
+
+        Each replica's budget is ``target × its scale × its KV capacity`` (its scale backs off on its
+        own preemptions), charged with the predictions of the sessions placed on it (``on_placed``);
+        what is left on the replicas with room, less the predictions of sessions not placed yet, is
+        what new rollouts may take. A replica over its budget does not hold back admission onto an idle
+        one, since the router places new sessions where there is room; one pooled budget let two
+        overloaded replicas hold the limit at 1 for 90 s while a third sat empty (bench seed 0).
+        """
         if self._capacity is None:
             return self._limit
-        budget = self.target_usage * self._scale * self._capacity
-        committed = sum(self.predict_within_horizon(s) for s in self._live)
-        room = math.floor((budget - committed) / self.expected_new_trace())  # < 0 when over budget
+        pools = self._capacities or {"": self._capacity}
+        committed = dict.fromkeys(pools, 0.0)
+        unplaced = 0.0
+        for session in self._live:
+            replica = self._replica_of.get(session)
+            if replica in committed:
+                committed[replica] += self.predict_within_horizon(session)
+            else:
+                unplaced += self.predict_within_horizon(session)
+        free = [self.target_usage * self._scales.get(name, 1.0) * capacity - committed[name]
+                for name, capacity in pools.items()]
+        new = self.expected_new_trace()
+        with_room = sum(f for f in free if f > 0) - unplaced
+        # Where no replica has room for a new rollout, the deficit counts too: the limit then falls below
+        # the rollouts in flight, so one finishing on an overloaded replica does not let another start.
+        room = math.floor((with_room if with_room >= new else sum(free) - unplaced) / new)
         return max(self.min_limit, min(self.pipeline_cap, len(self._live) + room))
 
     def _initial_limit(self) -> int:

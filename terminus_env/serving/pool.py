@@ -45,7 +45,9 @@ class ServingPool:
 
     ``async with ServingPool(urls, model) as pool:`` then, per rollout, ``async with
     pool.session(rollout_id, group_id):`` and ``await pool.chat(rollout_id, messages, max_tokens=...)``.
-    A replica is named by its base URL (``Completion.replica``).
+    A replica is named by its base URL (``Completion.replica``). ``rebalance=True`` lets the router move
+    a session between turns off a replica whose sessions claim more KV than it has (see
+    ``Router._rebalanced``); off, every turn of a session goes to the replica of its first.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class ServingPool:
         policy: str = "available_kv",
         admission: Admission | None = None,
         group_affinity: bool = False,
+        rebalance: bool = False,
         scrape_interval_s: float = 1.0,
         failover_timeout_s: float = 300.0,
         request_timeout_s: float = 3600.0,
@@ -79,6 +82,7 @@ class ServingPool:
             list(self._clients),
             policy,
             group_affinity=group_affinity,
+            rebalance=rebalance,
             metrics_max_age_s=max(5.0, 3 * scrape_interval_s),
         )
         self._down: set[str] = set()
@@ -152,6 +156,8 @@ class ServingPool:
         last_error: Exception | None = None
         while True:
             replica = await self._route(session_id, group_id, deadline, last_error)
+            if self.admission is not None:
+                self.admission.on_placed(session_id, replica)
             self.router.on_dispatch(replica, session_id, estimate)
             try:
                 completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)

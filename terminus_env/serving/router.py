@@ -83,6 +83,7 @@ class _Session:
     key: int  # rendezvous-hash seed from the session id
     trace_tokens: int = 0
     inflight: int = 0
+    turns_here: int = 0  # turns completed on its current replica, for the rebalancing cooldown
     unscraped: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica -> (epoch, prompt tokens)
 
 
@@ -99,6 +100,10 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         turn_growth_prior_tokens: int = 1024,
         group_slack: float = 0.1,
+        rebalance: bool = False,
+        rebalance_load: float = 1.0,
+        rebalance_margin: float = 0.25,
+        rebalance_after_turns: int = 3,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -110,6 +115,13 @@ class Router:
         self.group_affinity = group_affinity
         self.metrics_max_age_s = metrics_max_age_s
         self.group_slack = group_slack
+        if rebalance and policy not in _KV_POLICIES:
+            raise ValueError(f"rebalance needs a KV policy ({', '.join(sorted(_KV_POLICIES))}), not {policy!r}")
+        self.rebalance = rebalance
+        self.rebalance_load = rebalance_load
+        self.rebalance_margin = rebalance_margin
+        self.rebalance_after_turns = rebalance_after_turns
+        self.migrations = 0
         self._clock = clock
         self._replicas = {name: _Replica(name, i) for i, name in enumerate(replicas)}
         self._order = list(self._replicas.values())
@@ -134,8 +146,10 @@ class Router:
             session = _Session(None, group_id, zlib.crc32(session_id.encode()))
             self._sessions[session_id] = session
         elif session.replica is not None:
-            if self._replicas[session.replica].up:
-                return session.replica
+            home = self._replicas[session.replica]
+            if home.up:
+                moved = self._rebalanced(session, home) if self.rebalance else None
+                return moved.name if moved is not None else home.name
             self._detach(session)  # its replica went down: place it afresh
         up = [r for r in self._order if r.up]
         if not up:
@@ -144,6 +158,36 @@ class Router:
         if self.policy != "vllm_internal":
             self._attach(session, chosen)
         return chosen.name
+
+    def _rebalanced(self, session: _Session, home: _Replica) -> _Replica | None:
+        """Move a session between turns off a replica whose sessions claim more KV than it has.
+
+        Stickiness is worth a prefix cache; a saturated replica instead preempts and recomputes its
+        sessions turn after turn while others may sit idle. A session that has stayed
+        ``rebalance_after_turns`` turns moves when its home's load is at least ``rebalance_load`` and
+        another replica, charged with this session's trace, would still be ``rebalance_margin`` lower.
+        The move costs one prefill of its trace on the new replica.
+        """
+        if session.inflight or session.turns_here < self.rebalance_after_turns:
+            return None
+        horizon = self._clock() - self.metrics_max_age_s
+        home_load = self._loads([home], horizon)[0]  # type: ignore[misc]
+        if home_load < self.rebalance_load or home_load == _SATURATED:
+            return None  # the common case, in O(1)
+        up = [r for r in self._order if r.up and r is not home]
+        loads = self._loads(up, horizon)  # type: ignore[misc]
+        candidates = [(load + session.trace_tokens / r.capacity, r.index, r)
+                      for r, load in zip(up, loads) if load != _SATURATED and r.capacity]
+        if not candidates:
+            return None
+        load, _, target = min(candidates)
+        if load > home_load - self.rebalance_margin:
+            return None
+        self._detach(session)
+        self._attach(session, target)
+        session.turns_here = 0
+        self.migrations += 1
+        return target
 
     def _place(self, session: _Session, up: list[_Replica]) -> _Replica:
         if self.policy == "round_robin":
@@ -275,6 +319,7 @@ class Router:
             if session.trace_tokens > 0:
                 self._turn_growth += 0.1 * ((trace - session.trace_tokens) - self._turn_growth)
             session.trace_tokens = trace
+            session.turns_here += replica == session.replica
         if session.replica is not None and session.inflight == 0:
             home = self._replicas[session.replica]
             home.idle_sessions += 1

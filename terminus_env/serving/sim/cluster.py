@@ -2,7 +2,7 @@
 
 The benchmark needs hours of serving per policy in seconds of CPU, with the router and admission
 controller making the same calls they make in ``ServingPool``: ``route`` / ``on_dispatch`` /
-``on_complete`` / ``release`` and ``try_acquire`` / ``on_turn`` / ``release`` / ``observe``, with a
+``on_complete`` / ``release`` and ``try_acquire`` / ``on_placed`` / ``on_turn`` / ``release`` / ``observe``, with a
 scrape every ``scrape_interval_s`` of virtual time. Training steps are released as whole batches:
 step ``s`` is released once steps ``0..s-K`` have all finished (``K = max_async_steps``; the trainer
 consumes steps in order), so with ``K = 1`` a step starts when the previous one has fully finished and
@@ -204,6 +204,7 @@ class _Run:
             self.tally.followups += 1
             self.tally.stayed += name == ro.replica
         ro.replica = name
+        self.admission.on_placed(plan.rollout_id, name)
         replica = self.replicas[name]
         req = SimRequest(f"{plan.rollout_id}/t{ro.turn}", ro.prompt, plan.max_tokens, plan.turns[ro.turn].output_len)
         if name not in self.busy:
