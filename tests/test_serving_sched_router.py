@@ -232,10 +232,12 @@ def test_bad_arguments_are_refused() -> None:
         r.on_dispatch("z", "s", 1)
 
 
-def test_rebalance_moves_a_session_between_turns_off_a_saturated_replica() -> None:
-    r, _ = router("available_kv", rebalance=True, rebalance_after_turns=2, turn_growth_prior_tokens=0)
-    scrape(r, a=em(0.1), b=em(0.2), c=em(0.3))
+@pytest.mark.parametrize("policy", ["available_kv", "least_requests"])
+def test_rebalance_moves_a_session_between_turns_off_a_saturated_replica(policy: str) -> None:
+    r, _ = router(policy, rebalance=True, rebalance_after_turns=2, turn_growth_prior_tokens=0)
+    r.mark_down("b"), r.mark_down("c")
     home = turn(r, "s", 20_000, 1_000)
+    r.mark_up("b"), r.mark_up("c")
     assert home == "a"
     # a: 0.95 pinned + s's own 21000-token trace (0.32) = 1.27 >= 1.0; c with s's trace would be 0.37
     scrape(r, a=em(0.95), b=em(0.40), c=em(0.05))
@@ -257,7 +259,7 @@ def test_rebalance_needs_a_saturated_home_and_a_clear_margin() -> None:
         assert [r.route("s") for _ in range(3)] == ["a"] * 3 and r.migrations == 0
 
 
-def test_rebalance_is_off_by_default_and_only_for_kv_policies() -> None:
+def test_rebalance_is_off_by_default_and_only_for_sticky_policies() -> None:
     assert Router(["a"]).rebalance is False
-    with pytest.raises(ValueError, match="rebalance needs a KV policy"):
-        Router(["a", "b"], "least_requests", rebalance=True)
+    with pytest.raises(ValueError, match="vllm_internal places every request afresh"):
+        Router(["a", "b"], "vllm_internal", rebalance=True)

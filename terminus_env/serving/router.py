@@ -115,8 +115,8 @@ class Router:
         self.group_affinity = group_affinity
         self.metrics_max_age_s = metrics_max_age_s
         self.group_slack = group_slack
-        if rebalance and policy not in _KV_POLICIES:
-            raise ValueError(f"rebalance needs a KV policy ({', '.join(sorted(_KV_POLICIES))}), not {policy!r}")
+        if rebalance and policy == "vllm_internal":
+            raise ValueError("rebalance moves sticky sessions; vllm_internal places every request afresh")
         self.rebalance = rebalance
         self.rebalance_load = rebalance_load
         self.rebalance_margin = rebalance_margin
@@ -164,18 +164,19 @@ class Router:
 
         Stickiness is worth a prefix cache; a saturated replica instead preempts and recomputes its
         sessions turn after turn while others may sit idle. A session that has stayed
-        ``rebalance_after_turns`` turns moves when its home's load is at least ``rebalance_load`` and
-        another replica, charged with this session's trace, would still be ``rebalance_margin`` lower.
-        The move costs one prefill of its trace on the new replica.
+        ``rebalance_after_turns`` turns moves when its home's ``available_kv`` load (whatever policy
+        placed it) is at least ``rebalance_load`` and another replica, charged with this session's
+        trace, would still be ``rebalance_margin`` lower. The move costs one prefill of its trace on
+        the new replica.
         """
         if session.inflight or session.turns_here < self.rebalance_after_turns:
             return None
         horizon = self._clock() - self.metrics_max_age_s
-        home_load = self._loads([home], horizon)[0]  # type: ignore[misc]
+        home_load = self._loads_available_kv([home], horizon)[0]
         if home_load < self.rebalance_load or home_load == _SATURATED:
             return None  # the common case, in O(1)
         up = [r for r in self._order if r.up and r is not home]
-        loads = self._loads(up, horizon)  # type: ignore[misc]
+        loads = self._loads_available_kv(up, horizon)
         candidates = [(load + session.trace_tokens / r.capacity, r.index, r)
                       for r, load in zip(up, loads) if load != _SATURATED and r.capacity]
         if not candidates:
