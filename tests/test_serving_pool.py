@@ -11,7 +11,11 @@ import pytest
 from serving_support import SimProcesses, wait_healthy
 
 from terminus_env.serving.admission import AdaptiveAdmission, FixedAdmission
-from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ReplicaUnavailable
+from terminus_env.serving.client import (
+    ContextLengthExceeded,
+    ReplicaClient,
+    ReplicaUnavailable,
+)
 from terminus_env.serving.pool import ServingPool
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.replies import ScriptedReplies

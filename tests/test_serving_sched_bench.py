@@ -114,3 +114,17 @@ def test_the_bound_follows_the_step_ordering_rule() -> None:
     assert bench.ideal_makespan(batches, sync) == pytest.approx(sum(per_step))
     # both steps may start at once: the longer of either step alone, or all the work together
     assert bench.ideal_makespan(batches, setup.cluster) == pytest.approx(max(*per_step, sum(work)))
+
+
+def test_the_probe_runs_one_configuration_with_traces_and_refuses_a_bad_one() -> None:
+    import subprocess
+
+    probe = Path(__file__).resolve().parent.parent / "bench" / "routing_probe.py"
+    args = [sys.executable, str(probe), "--seeds", "3", "--async-steps", "1", "--jobs", "1", "--trace"]
+    done = subprocess.run([*args, "available_kv:adaptive:move"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    summary, *steps = done.stdout.strip().splitlines()
+    assert summary.startswith("available_kv:adaptive:move") and "x bound" in summary
+    assert [line.split(":")[0].strip() for line in steps] == [f"seed 3 K=1 step {s}" for s in range(3)]
+    bad = subprocess.run([*args, "available_kv:fixed:oracle"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "the oracle order needs an adaptive cap" in bad.stderr
