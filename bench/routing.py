@@ -171,14 +171,19 @@ def admission_for(cap: str, setup: Setup, batches: Sequence[Sequence[RolloutPlan
         return FixedAdmission.from_capacity(pipeline, per_rank, cl.num_replicas, headroom=0.9)
     if cap == WHOLE:
         return AdaptiveAdmission(pipeline, step0_trace, horizon_turns=None, longest_first=False)
-    return AdaptiveAdmission(pipeline, step0_trace, max_target_scale=2.0 if cap == OVERCOMMIT else 1.0)  # adaptive, oc2, move
+    return AdaptiveAdmission(pipeline, step0_trace, max_target_scale=2.0 if cap == OVERCOMMIT else 1.0)
+
+
+def router_for(cluster: Cluster, policy: str, setup: Setup, rebalance: bool) -> Router:
+    """The router a run uses: on the cluster's virtual clock, metrics stale after five scrapes."""
+    return Router(cluster.replica_names, policy, clock=cluster.clock, group_affinity=setup.group_affinity,
+                  metrics_max_age_s=5 * setup.cluster.scrape_interval_s, rebalance=rebalance)
 
 
 def run_one(policy: str, cap: str, setup: Setup) -> Run:
     batches = make_workload(setup.workload)
     cluster = Cluster(setup.cluster)
-    router = Router(cluster.replica_names, policy, clock=cluster.clock, group_affinity=setup.group_affinity,
-                    metrics_max_age_s=5 * setup.cluster.scrape_interval_s, rebalance=cap == MOVE)
+    router = router_for(cluster, policy, setup, rebalance=cap == MOVE)
     admission = admission_for(cap, setup, batches)
     started = time.process_time()
     result = cluster.run(batches, router, admission)

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import routing as bench
 
 from terminus_env.serving.admission import AdaptiveAdmission, Admission
-from terminus_env.serving.router import POLICIES, Router
+from terminus_env.serving.router import POLICIES
 from terminus_env.serving.sim.cluster import Cluster, ClusterConfig
 from terminus_env.serving.sim.workload import RolloutPlan, WorkloadConfig, make_workload
+
+CAPS = (*bench.CAPS, bench.OVERCOMMIT, bench.WHOLE)  # adaptive-move is the ``:move`` flag here
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,9 @@ class Config:
     def parse(cls, text: str) -> Config:
         policy, cap, *flags = text.split(":")
         unknown = set(flags) - {"move", "oracle"}
-        if policy not in POLICIES or cap not in (*bench.CAPS, bench.OVERCOMMIT, bench.WHOLE) or unknown:
+        if policy not in POLICIES or cap not in CAPS or unknown:
             raise ValueError(f"bad config {text!r}: want policy:cap[:move][:oracle] with a policy of "
-                             f"{', '.join(POLICIES)} and a cap of {', '.join((*bench.CAPS, bench.OVERCOMMIT, bench.WHOLE))}")
+                             f"{', '.join(POLICIES)} and a cap of {', '.join(CAPS)}")
         if "oracle" in flags and not cap.startswith("adaptive"):
             raise ValueError(f"bad config {text!r}: the oracle order needs an adaptive cap")
         return cls(policy, cap, "move" in flags, "oracle" in flags)
@@ -84,8 +86,7 @@ def run(config: Config, k: int, seed: int, replicas: int, trace: bool) -> Outcom
                         WorkloadConfig(seed=seed, batch_size=4 * replicas))
     batches = make_workload(setup.workload)
     cluster = Cluster(setup.cluster)
-    router = Router(cluster.replica_names, config.policy, clock=cluster.clock, rebalance=config.move,
-                    metrics_max_age_s=5 * setup.cluster.scrape_interval_s)
+    router = bench.router_for(cluster, config.policy, setup, rebalance=config.move)
     started: dict[str, float] = {}
     ended: dict[str, float] = {}
     if trace:  # a session's first route is its admission; its release is its end

@@ -76,7 +76,8 @@ class Admission:
         """The session's live trace after a turn (prompt + completion tokens)."""
 
     def on_placed(self, session_id: str, replica: str) -> None:
-        """The router sent the session's request to ``replica`` (its first turn, or a failover)."""
+        """The router sent the session's request to ``replica``: told on every request; the replica
+        changes only on a failover or a rebalancing move."""
 
     def observe(self, metrics: Mapping[str, EngineMetrics]) -> None:
         """The latest scrape of every replica."""
@@ -398,10 +399,11 @@ class AdaptiveAdmission(Admission):
         unplaced = 0.0
         for session in self._live:
             replica = self._replica_of.get(session)
+            prediction = self.predict_within_horizon(session)
             if replica in committed:
-                committed[replica] += self.predict_within_horizon(session)
+                committed[replica] += prediction
             else:
-                unplaced += self.predict_within_horizon(session)
+                unplaced += prediction
         free = [self.target_usage * self._scales.get(name, 1.0) * capacity - committed[name]
                 for name, capacity in pools.items()]
         new = self.expected_new_trace()
