@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check test unit bench clean
+.PHONY: all venv docker base-image demo check lint test unit bench clean
 
 all: demo
 
@@ -22,7 +22,9 @@ venv: $(VENV)/.installed
 docker:
 	bash scripts/ensure-docker.sh
 
+# debootstrap builds the base image when no registry answers; a fresh machine has none.
 base-image: venv docker
+	bash scripts/ensure-debootstrap.sh
 	$(CLI) images base
 
 # The main job: every shipped task through the env, with a results table at the end. The "model" is
@@ -37,8 +39,11 @@ check: base-image
 unit: base-image
 	$(PY) -m pytest -q
 
-# The suite check first, then pytest, so the run closes on pytest's summary.
-test: check unit
+lint: venv
+	$(VENV)/bin/ruff check .
+
+# The linter and the suite check first, then pytest, so the run closes on pytest's summary.
+test: lint check unit
 
 bench: base-image
 	$(PY) bench/parser.py

@@ -275,7 +275,9 @@ def verdicts(runs: Sequence[Run], bounds: Mapping[int, float], decision_us: floa
     return out
 
 
-def _verdicts_for(key: tuple[str, str], by: Mapping[tuple[str, str], list[Run]], bounds: Mapping[int, float]) -> list[str]:
+def _verdicts_for(
+    key: tuple[str, str], by: Mapping[tuple[str, str], list[Run]], bounds: Mapping[int, float]
+) -> list[str]:
     name = f"{key[0]} + {key[1]}"
     ours = by[key]
     makespan = _mean(ours, lambda r: r.result.makespan_s)
@@ -344,9 +346,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces = [final_trace(p, setup.cluster.engine.max_model_len) for b in batches for p in b]
         engine = setup.cluster.engine
         print(f"seed {setup.workload.seed}: {setup.cluster.num_replicas} replicas x "
-              f"{engine.usable_blocks * engine.block_size} KV tokens; {len(batches)} steps (async {setup.cluster.max_async_steps}) x "
+              f"{engine.usable_blocks * engine.block_size} KV tokens; {len(batches)} steps "
+              f"(async {setup.cluster.max_async_steps}) x "
               f"{setup.workload.batch_size} prompts x {setup.workload.group_size} rollouts; final trace mean "
-              f"{statistics.fmean(traces):.0f}, max {max(traces)} tokens; ideal bound {bounds[setup.workload.seed]:.1f} s")
+              f"{statistics.fmean(traces):.0f}, max {max(traces)} tokens; "
+              f"ideal bound {bounds[setup.workload.seed]:.1f} s")
     started = time.perf_counter()
     runs = run_matrix(setups, policies, jobs=args.jobs)
     print(table(runs, bounds))

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as _gymnasium
 
 if TYPE_CHECKING:
-    from terminus_env.env import Reply, TerminusEnv
-    from terminus_env.protocol import Strictness, parse_reply
-    from terminus_env.tasks import load_task, load_tasks
+    from terminus_env.env import Reply, TerminusEnv  # noqa: F401 - loaded lazily by __getattr__
+    from terminus_env.protocol import Strictness, parse_reply  # noqa: F401
+    from terminus_env.tasks import load_task, load_tasks  # noqa: F401
 
 __version__ = "0.1.0"
 ENV_ID = "terminus_env/Terminus-v0"

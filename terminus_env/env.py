@@ -30,9 +30,9 @@ from terminus_env.protocol import (
     ParsedReply,
     Strictness,
     parse_reply,
+    prompts,
     salvage_truncated,
 )
-from terminus_env.protocol import prompts
 from terminus_env.sandbox import Sandbox, SandboxError, SandboxPool
 from terminus_env.tasks import Task, find_task, grade, task_image
 

@@ -127,7 +127,8 @@ def test_truncated_turn_counts_by_tokens_too(task):
 
 def test_truncated_turn_lenient_salvages_or_says_nothing_ran(task):
     with started(task, mode="eval") as env:
-        unsalvageable = Reply('<response><analysis>a</analysis><commands><keystrokes duration="1">' + WRITE, finish_reason="length")
+        opening = '<response><analysis>a</analysis><commands><keystrokes duration="1">'
+        unsalvageable = Reply(opening + WRITE, finish_reason="length")
         obs, _, terminated, _, info = env.step(unsalvageable)
         assert not terminated and info["truncated_turns"] == 1 and info["format_error"] is None
         assert "limit" in obs.lower()
@@ -144,7 +145,8 @@ def test_truncated_turn_lenient_salvages_or_says_nothing_ran(task):
 def test_context_limit_ends_with_zero_in_any_mode(task, mode):
     with started(task, mode=mode, max_context_tokens=1000) as env:
         _, reward, terminated, _, info = env.step(Reply(reply(WRITE), prompt_tokens=1001))
-        assert (reward, terminated, info["end_reason"], info["episode"]["graded"]) == (0.0, True, "context_limit", False)
+        ended = (reward, terminated, info["end_reason"], info["episode"]["graded"])
+        assert ended == (0.0, True, "context_limit", False)
         env.reset()
         _, _, terminated, _, info = env.step(Reply("", finish_reason="context_length"))
         assert terminated and info["end_reason"] == "context_limit"

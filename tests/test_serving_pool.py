@@ -166,7 +166,12 @@ def test_rebalance_moves_a_session_off_a_saturated_replica_between_turns():
                     )
                     for i in range(3)
                 ]
-                while pool.latest_metrics().get(busy.url) is None or pool.latest_metrics()[busy.url].kv_cache_usage < 0.8:
+
+                def busy_usage() -> float:
+                    metrics = pool.latest_metrics().get(busy.url)
+                    return 0.0 if metrics is None else metrics.kv_cache_usage
+
+                while busy_usage() < 0.8:
                     await asyncio.sleep(0.02)
                 moved = await pool.chat("s", messages, max_tokens=50)
             for task in loading:

@@ -121,7 +121,9 @@ def test_the_probe_runs_one_configuration_with_traces_and_refuses_a_bad_one() ->
 
     probe = Path(__file__).resolve().parent.parent / "bench" / "routing_probe.py"
     args = [sys.executable, str(probe), "--seeds", "3", "--async-steps", "1", "--jobs", "1", "--trace"]
-    done = subprocess.run([*args, "available_kv:adaptive:move"], capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [*args, "available_kv:adaptive:move"], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     summary, *steps = done.stdout.strip().splitlines()
     assert summary.startswith("available_kv:adaptive:move") and "x bound" in summary

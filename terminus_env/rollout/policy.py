@@ -46,7 +46,9 @@ class Policy(Protocol):
 class ServingPolicy:
     """Replies from a model behind a :class:`terminus_env.serving.ServingPool`."""
 
-    def __init__(self, pool: ServingPool, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, pool: ServingPool, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None
+    ) -> None:
         self._pool = pool
         self._max_tokens = max_tokens
         self._sampling = dict(sampling or {})

@@ -41,7 +41,7 @@ def credentials(user):
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except KeyError:
         if not name.isdigit():
-            raise ValueError(f"no user {name!r} in the container")
+            raise ValueError(f"no user {name!r} in the container") from None
         entry = None
     uid = entry.pw_uid if entry else int(name)
     if group:

@@ -68,7 +68,10 @@ class Terminal:
         return terminal
 
     async def send(self, keystrokes: str, duration: float) -> float:
-        """Type ``keystrokes``, then wait up to min(duration, 60) s, less once the shell is idle. Returns seconds waited."""
+        """Type ``keystrokes``, then wait up to min(duration, 60) s, less once the shell is idle.
+
+        Returns the seconds waited.
+        """
         timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
         calls = [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
         started = time.monotonic()

@@ -320,8 +320,9 @@ class AdaptiveAdmission(Admission):
 
         A group's prediction is the larger of its finished siblings' mean final trace and its longest
         live sibling's trace so far (siblings share a task, so their lengths correlate); a group nobody
-        has started yet gets the mean final trace (the prior until rollouts finish). Among equals, the group with fewest siblings admitted goes
-        first, so every group starts one rollout early and reveals its length: longest-processing-time
+        has started yet gets the mean final trace (the prior until rollouts finish). Among equals, the group
+        with fewest siblings admitted goes first, so every group starts one rollout early and reveals its
+        length: longest-processing-time
         first, the classic makespan heuristic, with lengths learnt from siblings.
         """
         if not self.longest_first or len(waiting) < 2:

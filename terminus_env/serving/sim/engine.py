@@ -485,7 +485,9 @@ class SimReplica:
         usable = self.config.usable_blocks
         free_total = len(self._pool.free)
         evictable = self._pool.evictable_cached
-        return KVBlocks(usable=usable, free=free_total - evictable, evictable_cached=evictable, active=usable - free_total)
+        return KVBlocks(
+            usable=usable, free=free_total - evictable, evictable_cached=evictable, active=usable - free_total
+        )
 
     def metrics(self) -> EngineMetrics:
         """The numbers vLLM's ``/metrics`` would show for this engine right now."""
