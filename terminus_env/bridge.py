@@ -7,6 +7,7 @@ running loop, so each sync user gets a private loop on a daemon thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ class BackgroundLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Any]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -33,17 +35,33 @@ class BackgroundLoop:
         if _running_loop() is loop:
             coro.close()
             raise RuntimeError("a sync method was called from inside its own event loop; await the async twin instead")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        with self._lock:
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+            self._pending.add(future)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._pending.discard(future)
 
     def close(self) -> None:
-        """Stop the loop and join its thread; safe to call more than once."""
+        """Stop the loop and join its thread; safe to call more than once, from any thread.
+
+        A call still waiting in :meth:`run` on another thread gets a RuntimeError instead of waiting for ever.
+        """
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            pending, self._pending = self._pending, set()
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=30)
+        for future in pending:
+            try:
+                future.set_exception(RuntimeError("the background loop was closed while this call waited"))
+            except concurrent.futures.InvalidStateError:
+                pass  # it finished after all
         if not loop.is_running():
             loop.close()
 

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import functools
 import re
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -25,38 +26,33 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from terminus_env.bridge import BackgroundLoop
-from terminus_env.protocol import (
-    MAX_COMMAND_DURATION,
-    ParsedReply,
-    Strictness,
-    parse_reply,
-    prompts,
-    salvage_truncated,
+from terminus_env.protocol import MAX_COMMAND_DURATION, ParsedReply, Strictness, prompts
+from terminus_env.rules import (
+    Counters,
+    EndReason,
+    Fault,
+    Reply,
+    TurnLimits,
+    Verdict,
+    as_reply,
+    judge_after_commands,
+    judge_reply,
 )
-from terminus_env.sandbox import Sandbox, SandboxError, SandboxPool
+from terminus_env.sandbox import (
+    AgentCaused,
+    DiskLimitExceeded,
+    ResourcesExhausted,
+    Sandbox,
+    SandboxError,
+    SandboxLost,
+    SandboxPool,
+)
 from terminus_env.tasks import Task, find_task, grade, task_image
+
+__all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TerminusEnv"]
 
 Mode = Literal["train", "eval"]
 MAX_TEXT_LENGTH = 1 << 20
-END_REASONS = (
-    "task_complete",
-    "format_error",
-    "turn_truncated",
-    "context_limit",
-    "agent_timeout",
-    "max_turns",
-    "env_error",
-)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A model reply with what the inference engine reported about it."""
-
-    text: str
-    finish_reason: str = "stop"
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ class EpisodeSummary:
 
     task: str
     reward: float
-    end_reason: str
+    end_reason: EndReason
     turns: int
     format_errors: int
     format_error_opening_streak: int
@@ -73,20 +69,12 @@ class EpisodeSummary:
     truncated_turns: int
     graded: bool
     env_error: bool
+    """The infrastructure failed: mask this episode (``end_reason.masked``)."""
     rescued: bool
     grade_reason: str | None = None
     error: str | None = None
-
-
-@dataclass
-class _Counters:
-    turn: int = 0
-    format_errors: int = 0
-    opening_streak: int = 0
-    opened: bool = False  # an accepted turn ends the opening streak for good
-    truncated_turns: int = 0
-    warnings: int = 0
-    awaiting_confirmation: bool = False
+    fault: Fault = Fault.NONE
+    """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
 
 
 @dataclass
@@ -94,7 +82,7 @@ class _Episode:
     sandbox: Sandbox | None
     started: float
     loop: asyncio.AbstractEventLoop
-    counters: _Counters = field(default_factory=_Counters)
+    counters: Counters = field(default_factory=Counters)
     summary: EpisodeSummary | None = None
 
 
@@ -118,8 +106,9 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     ``mode="train"`` is strict by default (``SWE_STRICT_FORMAT``/``SWE_STRICT_TRUNCATION``): a
     rejected or truncated turn ends the episode with reward 0, ungraded, so that a rescued format
     error can never earn a positive advantage. ``mode="eval"`` is lenient by default, like
-    Terminal-Bench. ``info["end_reason"]`` says how an episode ended; ``info["env_error"]`` marks
-    episodes a trainer should mask.
+    Terminal-Bench. ``info["end_reason"]`` (an :class:`EndReason`) says how an episode ended and whose
+    fault it was; ``info["env_error"]`` marks the episodes a trainer should mask, which only the
+    infrastructure's faults are.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -147,20 +136,26 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self.strictness = Strictness.from_env(
             mode, strict_format=strict_format, strict_truncation=strict_truncation, environ=environ
         )
-        self.max_turn_tokens = max_turn_tokens
-        self.max_context_tokens = max_context_tokens
-        self.max_turns = max_turns
-        self.confirm_completion = confirm_completion
+        self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion)
         self.observation_space = _text_space()
         self.action_space = _text_space()
         self._pool = sandbox_pool
         self._bridge = BackgroundLoop(f"terminus-env:{self.task.name}")
+        self._closing = threading.Lock()
         self._episode: _Episode | None = None
         self._image: str | None = None
         self._messages: list[dict[str, str]] = []
         self._timings: dict[str, list[float]] = {"reset": [], "step": [], "grade": []}
 
     # ----- public API -------------------------------------------------------------------------
+    @property
+    def max_turn_tokens(self) -> int:
+        return self.limits.max_turn_tokens
+
+    @property
+    def max_turns(self) -> int | None:
+        return self.limits.max_turns
+
     @property
     def messages(self) -> list[dict[str, str]]:
         """The whole conversation so far, OpenAI chat style."""
@@ -172,22 +167,32 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return self._episode.summary if self._episode else None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode in a fresh sandbox; see :meth:`areset`."""
         return self._bridge.run(self.areset(seed=seed, options=options))
 
     def step(self, action: str | Reply) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one model turn; see :meth:`astep`."""
         return self._bridge.run(self.astep(action))
 
     def close(self) -> None:
-        episode = self._episode
-        if episode is not None and episode.loop is not self._bridge.loop:
-            _close_on_foreign_loop(episode.loop, self.aclose())
-        elif episode is not None:
-            self._bridge.run(self.aclose())
-        self._bridge.close()
+        """Release the sandbox and stop the background loop; safe to call twice, and from two threads at once."""
+        with self._closing:
+            episode = self._episode
+            if episode is not None and episode.loop is not self._bridge.loop:
+                _close_on_foreign_loop(episode.loop, self.aclose())
+            elif episode is not None:
+                self._bridge.run(self.aclose())
+            self._bridge.close()
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode: the previous sandbox is released and a fresh one started from the task's image.
+
+        Returns ``(observation, info)``: the first user message (format rules, the instruction and the
+        current screen) and ``{"messages", "task", "turn": 0}``. Raises :class:`SandboxError` when no
+        sandbox can start (the runner turns that into an ``env_error`` trajectory).
+        """
         super().reset(seed=seed)
         await self._release_sandbox()
         started = time.monotonic()
@@ -204,19 +209,24 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return obs, {"messages": self.messages, "task": self.task.name, "turn": 0}
 
     async def astep(self, action: str | Reply) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one turn: ``action`` is the model's whole reply (a ``str``, or a :class:`Reply` with what the engine
+        said about it). Returns Gymnasium's ``(observation, reward, terminated, truncated, info)``.
+
+        The observation is the next user message ("" once the episode ended). The reward is 0 until the end,
+        then the verifier's reward for graded endings and 0 otherwise. ``terminated`` ends by the task or a
+        fault, ``truncated`` by a time or turn limit. ``info`` holds ``turn``, ``format_error``, ``warnings``,
+        ``format_errors``, ``format_error_opening_streak``, ``truncated_turns`` and ``new_messages``; at the end
+        also ``end_reason``, ``env_error`` and ``episode`` (the summary). An action of another type raises
+        ``TypeError`` and changes nothing.
+        """
+        reply = as_reply(action)
         episode = self._require_episode()
-        reply = action if isinstance(action, Reply) else Reply(text=str(action))
-        episode.counters.turn += 1
         self._messages.append({"role": "assistant", "content": reply.text})
         started = time.monotonic()
         try:
             outcome = await self._play_turn(episode, reply)
-            if not outcome.ended and self.max_turns is not None and episode.counters.turn >= self.max_turns:
-                outcome = await self._end(
-                    episode, "max_turns", format_error=outcome.format_error, warnings=outcome.warnings
-                )
         except SandboxError as exc:
-            outcome = await self._end(episode, "env_error", error=f"{type(exc).__name__}: {exc}")
+            outcome = await self._end_on_failure(episode, exc)
         self._timings["step"].append(time.monotonic() - started)
         return self._step_result(episode, outcome)
 
@@ -234,85 +244,75 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
 
     # ----- one turn ----------------------------------------------------------------------------
     async def _play_turn(self, episode: _Episode, reply: Reply) -> _Outcome:
-        counters = episode.counters
-        if self._context_exceeded(reply):
-            return await self._end(episode, "context_limit")
-        if self._out_of_time(episode):  # the model's own thinking time counts, as in Harbor
-            return await self._end(episode, "agent_timeout")
-        text = reply.text
-        salvage_warning: list[str] = []
-        if self._turn_truncated(reply):
-            counters.truncated_turns += 1
-            if self.strictness.strict_truncation:
-                return await self._end(episode, "turn_truncated")
-            salvaged = salvage_truncated(text)
-            if salvaged is None:
-                counters.opened = True
-                counters.awaiting_confirmation = False
-                return _Outcome(obs=prompts.truncated_feedback(self.max_turn_tokens))
-            text = salvaged
-            salvage_warning = ["The reply hit the token limit; only the part up to </response> was used."]
+        verdict = judge_reply(reply, episode.counters, self.limits, out_of_time=self._out_of_time(episode))
+        episode.counters = verdict.counters
+        if verdict.run is not None:
+            verdict = await self._execute(episode, verdict.run, verdict.warnings)
+        if verdict.end is not None:
+            return await self._end(episode, verdict.end, format_error=verdict.format_error, warnings=verdict.warnings)
+        return _Outcome(obs=verdict.feedback or "", format_error=verdict.format_error, warnings=verdict.warnings)
 
-        parsed = parse_reply(text)
-        warnings = tuple(salvage_warning + list(parsed.warnings))
-        counters.warnings += len(warnings)
-        if parsed.error is not None:
-            return await self._rejected(episode, parsed, warnings)
-        counters.opened = True
-        return await self._execute(episode, parsed, warnings)
-
-    async def _rejected(self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]) -> _Outcome:
-        counters = episode.counters
-        counters.format_errors += 1
-        if not counters.opened:
-            counters.opening_streak += 1
-        counters.awaiting_confirmation = False
-        if self.strictness.strict_format:
-            return await self._end(episode, "format_error", format_error=parsed.error, warnings=warnings)
-        return _Outcome(obs=prompts.rejected_feedback(parsed), format_error=parsed.error, warnings=warnings)
-
-    async def _execute(self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]) -> _Outcome:
-        terminal = _sandbox(episode).terminal
+    async def _execute(self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]) -> Verdict:
+        sandbox = _sandbox(episode)
         for command in parsed.commands:
-            if self._out_of_time(episode):
+            if self._out_of_time(episode) or sandbox.violation is not None:
                 break
             duration = min(command.duration, MAX_COMMAND_DURATION, self._time_left(episode))
-            await terminal.send(command.keystrokes, duration)
-        output = await terminal.capture_new()
-        counters = episode.counters
-        if self._out_of_time(episode):
-            return await self._end(episode, "agent_timeout", warnings=warnings)
-        if parsed.task_complete and (not self.confirm_completion or counters.awaiting_confirmation):
-            return await self._end(episode, "task_complete", warnings=warnings)
-        if parsed.task_complete:
-            counters.awaiting_confirmation = True
-            obs = prompts.confirm_completion_prompt(output.text, is_screen=output.is_screen)
-        else:
-            counters.awaiting_confirmation = False
-            obs = prompts.output_feedback(output.text, list(warnings), is_screen=output.is_screen)
-        return _Outcome(obs=obs, warnings=warnings)
+            await sandbox.terminal.send(command.keystrokes, duration)
+        if sandbox.violation is not None:
+            raise sandbox.violation
+        output = await sandbox.terminal.capture_new()
+        verdict = judge_after_commands(
+            parsed, episode.counters, self.limits, out_of_time=self._out_of_time(episode), warnings=warnings
+        )
+        episode.counters = verdict.counters
+        if verdict.end is None:
+            if verdict.confirm:
+                obs = prompts.confirm_completion_prompt(output.text, is_screen=output.is_screen)
+            else:
+                obs = prompts.output_feedback(output.text, list(warnings), is_screen=output.is_screen)
+            verdict = Verdict(verdict.counters, feedback=obs, warnings=warnings)
+        return verdict
 
     # ----- endings -----------------------------------------------------------------------------
+    async def _end_on_failure(self, episode: _Episode, exc: SandboxError) -> _Outcome:
+        """A sandbox failure mid-turn: the agent's doing ends it as the agent's failure, anything else masked."""
+        sandbox = episode.sandbox
+        violation = sandbox.violation if sandbox is not None else None
+        if violation is not None or isinstance(exc, (DiskLimitExceeded, ResourcesExhausted)):
+            return await self._end(episode, EndReason.RESOURCE_LIMIT, error=str(violation or exc))
+        if isinstance(exc, SandboxLost) and await _daemon_killed_inside(sandbox):
+            return await self._end(episode, EndReason.RESOURCE_LIMIT, error=f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, AgentCaused):
+            return await self._end(episode, EndReason.SHELL_LOST, error=f"{type(exc).__name__}: {exc}")
+        return await self._end(episode, EndReason.ENV_ERROR, error=f"{type(exc).__name__}: {exc}")
+
     async def _end(
         self,
         episode: _Episode,
-        reason: str,
+        reason: EndReason,
         *,
         format_error: str | None = None,
         warnings: tuple[str, ...] = (),
         error: str | None = None,
     ) -> _Outcome:
-        """Finish the episode; only completion and the two time limits are graded, as in Harbor."""
-        graded = reason in ("task_complete", "agent_timeout", "max_turns")
-        reward, grade_reason = 0.0, None
+        """Finish the episode; graded endings run the verifier, as in Harbor, unless the agent broke a limit."""
+        reward, grade_reason, graded = 0.0, None, reason.graded
         if graded:
             started = time.monotonic()
             try:
-                result = await grade(_sandbox(episode), self.task)
+                violation = await _sandbox(episode).check_disk()
+                if violation is not None:
+                    reason, graded, error = EndReason.RESOURCE_LIMIT, False, str(violation)
+                else:
+                    result = await grade(_sandbox(episode), self.task)
+                    reward, grade_reason = result.reward, result.reason
+            except ResourcesExhausted as exc:  # the agent's processes left nothing for the verifier to start with
+                reason, graded, error = EndReason.RESOURCE_LIMIT, False, f"the verifier could not start: {exc}"
             except SandboxError as exc:
-                reason, graded, error = "env_error", False, f"grading failed: {type(exc).__name__}: {exc}"
-            else:
-                reward, grade_reason = result.reward, result.reason
+                error = f"grading failed: {type(exc).__name__}: {exc}"
+                graded = False  # an agent's failure stays the agent's (reward 0); anything else is masked
+                reason = reason if reason.fault is Fault.AGENT else EndReason.ENV_ERROR
             self._timings["grade"].append(time.monotonic() - started)
         counters = episode.counters
         episode.summary = EpisodeSummary(
@@ -325,18 +325,18 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             warnings=counters.warnings,
             truncated_turns=counters.truncated_turns,
             graded=graded,
-            env_error=reason == "env_error",
+            env_error=reason.masked,
             rescued=counters.format_errors > 0 and reward > 0,
             grade_reason=grade_reason,
             error=error,
+            fault=reason.fault,
         )
         await self._release_sandbox(keep_episode=True)
-        truncated = reason in ("agent_timeout", "max_turns")
         return _Outcome(
             obs="",
             reward=reward,
-            terminated=not truncated,
-            truncated=truncated,
+            terminated=not reason.truncated,
+            truncated=reason.truncated,
             format_error=format_error,
             warnings=warnings,
         )
@@ -371,22 +371,11 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             raise RuntimeError("call reset() before step()")
         if episode.summary is not None:
             raise RuntimeError(
-                f"the episode already ended ({episode.summary.end_reason}); call reset() to start another"
+                f"the episode already ended ({episode.summary.end_reason.value}); call reset() to start another"
             )
         if episode.loop is not asyncio.get_running_loop():
             raise RuntimeError("this episode lives on another event loop: use either the sync or the async API per env")
         return episode
-
-    def _context_exceeded(self, reply: Reply) -> bool:
-        if reply.finish_reason == "context_length":
-            return True
-        limit = self.max_context_tokens
-        return limit is not None and reply.prompt_tokens is not None and reply.prompt_tokens > limit
-
-    def _turn_truncated(self, reply: Reply) -> bool:
-        if reply.finish_reason == "length":
-            return True
-        return reply.completion_tokens is not None and reply.completion_tokens >= self.max_turn_tokens
 
     def _time_left(self, episode: _Episode) -> float:
         limit = self.task.agent_timeout_s
@@ -410,6 +399,14 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             await self._pool.release(sandbox)
         else:
             await sandbox.close()
+
+
+async def _daemon_killed_inside(sandbox: Sandbox | None) -> bool:
+    """The control daemon died while its container still runs, with no traceback of ours: nothing but the
+    agent's memory pressure (the OOM killer) can do that, since the agent cannot see or signal it."""
+    if sandbox is None or "Traceback" in sandbox.daemon_stderr:
+        return False
+    return await sandbox.container_running()
 
 
 def _sandbox(episode: _Episode) -> Sandbox:

@@ -175,14 +175,6 @@ def test_agent_timeout_truncates_and_still_grades(task):
         assert truncated and info["end_reason"] == "agent_timeout" and reward == 1.0
 
 
-def test_a_dead_shell_is_an_env_error_for_trainers_to_mask(task):
-    with started(task, mode="eval") as env:
-        results = play(env, [reply("exit\n"), reply("ls\n")])
-        _, reward, terminated, _, info = results[-1]
-        assert terminated and reward == 0.0
-        assert info["env_error"] is True and info["end_reason"] == "env_error"
-
-
 def test_strictness_comes_from_variables_and_arguments_win(task):
     assert make(task, mode="train").strictness.strict_format is True
     assert make(task, mode="eval").strictness.strict_format is False
@@ -221,3 +213,13 @@ def test_make_vec(tiny_task_dir, mode):
         for actions in ([reply(WRITE, complete=True)] * 4, [reply(complete=True)] * 4):
             obs, rewards, terminated, truncated, infos = envs.step(tuple(actions))
         assert list(rewards) == [1.0] * 4 and all(terminated)
+
+
+@pytest.mark.parametrize("action", [b"<response></response>", None, 42])
+def test_a_bad_action_is_refused_before_the_episode_changes(task, action):
+    with started(task, mode="eval") as env:
+        before = env.messages
+        with pytest.raises(TypeError):
+            env.step(action)
+        _, _, _, _, info = env.step(reply(WRITE))
+    assert env.messages[: len(before)] == before and info["turn"] == 1

@@ -127,6 +127,20 @@ def test_attribute_faults_are_reported_with_the_xml_reason():
     assert "retries" in unknown.warnings[0]
 
 
+@pytest.mark.parametrize("spelled", ["1_0", "inf", "nan", "infinity", "0x10", "1,5", " "])
+def test_durations_are_decimals_not_whatever_float_accepts(spelled):
+    parsed = parse_reply(reply(f'<keystrokes duration="{spelled}">ls\n</keystrokes>'))
+    assert parsed.commands == (Command("ls\n", 1.0),)
+    assert parsed.warning_kinds == (Issue.INVALID_DURATION,)
+
+
+def test_each_attribute_fault_quotes_its_own_xml_reason():
+    """lxml keeps every error in the shared parser's log: each reply must quote its own, not the first one seen."""
+    first = parse_reply(reply('<keystrokes duration="1" foo>a\n</keystrokes>')).warnings[0]
+    second = parse_reply(reply('<keystrokes duration="1" c="d" c="e">a\n</keystrokes>')).warnings[0]
+    assert "value for attribu" in first and "redefined" in second and "value for attribu" not in second
+
+
 def test_keystrokes_are_not_stripped_or_decoded():
     keys = "  printf '%s' \"&amp; &lt;tag&gt; && a<b>c\" | tee -a out  \n\n"
     parsed = parse_reply(reply(f'<keystrokes duration="0.1">{keys}</keystrokes>'))

@@ -21,6 +21,7 @@ from terminus_env.sandbox import (
     ImageBuildError,
     Sandbox,
     SandboxError,
+    SandboxLost,
     SandboxPool,
     SandboxSpec,
     ensure_image,
@@ -62,7 +63,8 @@ def test_capabilities_allow_chown_and_package_tools_but_not_mknod_or_raw_sockets
 
 def test_no_new_privileges_and_init(run: Runner, sandbox: Sandbox) -> None:
     assert "NoNewPrivs:\t1" in sh(run, sandbox, "grep NoNewPrivs /proc/self/status").output
-    assert sh(run, sandbox, "cat /proc/1/comm").output.strip() in {"docker-init", "tini"}
+    host = run(sandbox.verify(b"", "cat /proc/1/comm", 10, user="root")).result
+    assert host.output.strip() in {"docker-init", "tini"}
 
 
 def test_no_network_by_default(run: Runner, sandbox: Sandbox) -> None:
@@ -101,6 +103,25 @@ def test_memory_hog_is_killed_and_the_sandbox_lives_on(run: Runner, limited: San
     assert sh(run, limited, "echo alive").output == "alive\n"
     run(limited.terminal.send("echo terminal-alive\n", 5))
     assert "terminal-alive" in run(limited.terminal.capture_new()).text
+
+
+def test_a_paused_container_is_an_unanswered_request_not_a_lost_one(run: Runner, client: docker.DockerClient) -> None:
+    for sandbox in sandbox_on(run):
+        client.api.pause(sandbox.id)
+        try:
+            with pytest.raises(SandboxError, match="did not answer") as error:
+                run(sandbox._channel.request("ping", 1.0))
+            assert not isinstance(error.value, SandboxLost)
+        finally:
+            client.api.unpause(sandbox.id)
+        assert sandbox.alive and run(sandbox.exec("echo back", 10)).output == "back\n"
+
+
+def test_the_daemon_is_not_dumpable(run: Runner, sandbox: Sandbox) -> None:
+    """Even on the host's side, a process without CAP_SYS_PTRACE cannot open the daemon's /proc entries."""
+    daemons = "$(pgrep -f '[t]erminus-daemon')"
+    probe = f"for p in {daemons}; do cat /proc/$p/environ >/dev/null 2>&1 && echo y || echo no; done"
+    assert set(run(sandbox.verify(b"", probe, 10, user="root")).result.output.split()) == {"no"}
 
 
 # --- exec and files ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import docker
 import pytest
 from sandbox_support import SPEC, Runner, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
-from terminus_env.sandbox import Sandbox, SandboxSpec, TerminalGone
+from terminus_env.sandbox import Sandbox, SandboxLost, SandboxSpec, TerminalGone
 
 pytestmark = pytest.mark.docker
 
@@ -147,14 +147,14 @@ def test_exit_makes_the_terminal_gone(run: Runner) -> None:
         run(sandbox.close())
 
 
-def test_a_killed_container_makes_the_terminal_gone(run: Runner) -> None:
+def test_a_killed_container_is_a_lost_sandbox_not_the_agents_doing(run: Runner) -> None:
     sandbox = run(Sandbox.start(SPEC))
     try:
         client = docker.from_env()
         client.api.kill(sandbox.id)
         client.close()
         deadline = time.monotonic() + 20
-        with pytest.raises(TerminalGone):
+        with pytest.raises(SandboxLost):
             while time.monotonic() < deadline:
                 run(sandbox.terminal.send("echo x\n", 0.5))
         assert not sandbox.alive

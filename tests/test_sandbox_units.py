@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
+import errno
+import struct
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from terminus_env.sandbox import agent
+from terminus_env.sandbox import daemon
 from terminus_env.sandbox.images import context_hash, slug
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
 from terminus_env.sandbox.terminal import CHUNK_BYTES, key_arguments
@@ -30,22 +31,63 @@ def test_other_text_is_literal(text: str) -> None:
 
 def test_tmux_argv_fallback_escapes_a_trailing_semicolon() -> None:
     seen = []
-    agent.run_tmux = lambda argv, user: seen.append(argv) or (0, "", "")  # type: ignore[assignment]
-    try:
-        commands = [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]]
-        agent.Tmux.run_process({"tmux": ["tmux"]}, commands)
-    finally:
-        importlib.reload(agent)
+
+    class Recording(daemon.Tmux):
+        def spawn_tmux(self, argv, user):  # noqa: ANN001, ANN202 - the daemon's own untyped style
+            seen.append(argv)
+            return True, ""
+
+    commands = [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]]
+    Recording(spawner=None).run_process({"tmux": ["tmux"]}, commands)
     assert seen == [["tmux", "send-keys", "-l", "--", "a\\;", ";", "send-keys", "-l", "--", "{} \\\\;"]]
 
 
 def test_control_mode_quoting() -> None:
-    assert agent.control_quote('a "b" $HOME \\ ;\n\t\x1b') == '"a \\"b\\" \\$HOME \\\\ ;\\n\\011\\033"'
+    assert daemon.control_quote('a "b" $HOME \\ ;\n\t\x1b') == '"a \\"b\\" \\$HOME \\\\ ;\\n\\011\\033"'
 
 
-def test_nul_becomes_its_key_and_surrogates_become_replacement_characters() -> None:
-    assert key_arguments("a\0b") == [["-l", "--", "a"], ["C-@"], ["-l", "--", "b"]]
-    assert key_arguments("x\udcff") == [["-l", "--", "x\ufffd"]]
+def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter for the few instructions the seccomp filter uses; returns the action."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    code = [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x20:
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op == 0x06:
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += jt if taken else jf
+        pc += 1
+
+
+ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_seccomp_filter_denies_what_docker_denies_without_cap_sys_admin(machine: str) -> None:
+    program = daemon.seccomp_program(machine)
+    for abi in daemon._NATIVE_ABIS[machine]:
+        arch, column = daemon.AUDIT_ARCH[abi], daemon._ABI_COLUMN[abi]
+        for name, numbers in daemon._SYSCALLS.items():
+            nr = numbers[column]
+            if nr is None or name == "clone":
+                continue
+            assert run_bpf(program, nr, arch) == (ENOSYS if name == "clone3" else EPERM), (abi, name)
+        clone = daemon._SYSCALLS["clone"][column]
+        assert run_bpf(program, clone, arch, arg0=0x01200011) == ALLOW  # what fork() passes
+        assert run_bpf(program, clone, arch, arg0=0x10000000 | 0x11) == EPERM  # CLONE_NEWUSER
+        assert run_bpf(program, 0 if abi == "x86_64" else 63, arch) == ALLOW  # read
+    assert run_bpf(program, 0, 0x40000028) == ENOSYS  # an ABI the machine does not run natively
+    if machine == "x86_64":
+        assert run_bpf(program, 0x40000000 | 1, daemon.AUDIT_ARCH["x86_64"]) == ENOSYS  # x32
+
+
+def test_the_seccomp_filter_refuses_an_unknown_machine() -> None:
+    with pytest.raises(OSError, match="unsupported machine"):
+        daemon.seccomp_program("riscv64")
 
 
 @given(st.text(min_size=1, max_size=3000))
@@ -81,8 +123,14 @@ def test_spec_defaults_hashing_and_validation() -> None:
     bad_specs = (
         {"image": ""},
         {"image": "i", "cpus": 0},
+        {"image": "i", "cpus": 1e300},
+        {"image": "i", "cpus": float("nan")},
         {"image": "i", "memory_mb": 1},
+        {"image": "i", "memory_mb": 10**12},
+        {"image": "i", "storage_mb": 0},
         {"image": "i", "lifetime_s": 0},
+        {"image": "i", "lifetime_s": 1e308},
+        {"image": "i", "pids_limit": 0},
     )
     for bad in bad_specs:
         with pytest.raises(ValueError):

@@ -87,10 +87,9 @@ def test_harbor_oracle_earns_1_and_nothing_earns_0(tmp_path: Path) -> None:
         task = load_task(harbor_task(tmp_path))
         nothing, oracle = await started(task), await started(task)
         try:
-            for sandbox in (nothing, oracle):
-                for hidden in ("/tests", "/solution"):
-                    probe = await sandbox.exec(f"test -e {hidden}", timeout=10)
-                    assert probe.exit_code == 1, f"{hidden} visible before grading"
+            for sandbox in (nothing, oracle):  # /tests is an empty folder on the agent's side, for good
+                probe = await sandbox.exec("test -e /solution || ls -A /tests", timeout=10)
+                assert (probe.exit_code, probe.output) == (0, ""), "tests or solution visible before grading"
             applied = await apply_oracle(oracle, task)
             assert applied.exit_code == 0 and not applied.timed_out, applied.output
             good, bad = await grade(oracle, task), await grade(nothing, task)
@@ -130,7 +129,7 @@ def test_tb1_oracle_earns_1_and_nothing_earns_0(tmp_path: Path) -> None:
         ("echo '{\"a\": \"yes\"}' > /logs/verifier/reward.json", 0.0, "not finite numbers"),
         ("echo 'not json' > /logs/verifier/reward.json", 0.0, "not valid JSON"),
         ("echo ' 0.75 ' > /logs/verifier/reward.txt", 0.75, None),
-        ("echo 'pass' > /logs/verifier/reward.txt", 0.0, "does not hold a number"),
+        ("echo 'pass' > /logs/verifier/reward.txt", 0.0, "does not hold a decimal number"),
         ("echo 'no reward written'", 0.0, "neither /logs/verifier/reward.txt nor"),
     ],
 )

@@ -191,6 +191,14 @@ def test_toml_syntax_error(tmp_path: Path) -> None:
         ('[environment]\nallow_internet = "no"\n', "environment.allow_internet"),
         ("[environment]\nenv = { A = [1] }\n", "environment.env.A"),
         ("agent = 3\n", "agent"),
+        # numbers that load in TOML but overflow where they are used (nano-CPUs, bytes, asyncio timers)
+        ("[environment]\ncpus = 1e300\n", "environment.cpus"),
+        ("[agent]\ntimeout_sec = 1e308\n", "agent.timeout_sec"),
+        ("[verifier]\ntimeout_sec = inf\n", "verifier.timeout_sec"),
+        ("[environment]\nmemory_mb = 1e300\n", "environment.memory_mb"),
+        ("[environment]\nstorage_mb = 1e300\n", "environment.storage_mb"),
+        ('[environment]\nstorage = "99999999T"\n', "environment.storage"),
+        ("[environment]\nmemory_mb = 4\n", "environment.memory_mb"),
     ],
 )
 def test_bad_field_values(tmp_path: Path, toml: str, field: str) -> None:
@@ -222,6 +230,7 @@ def test_missing_dockerfile(tmp_path: Path) -> None:
         ("difficulty: easy\n", "instruction"),
         ("instruction: x\nmax_agent_timeout_sec: -1\n", "max_agent_timeout_sec"),
         ("instruction: x\nparser_name: swebench\n", "parser_name"),
+        ("instruction: x\nmax_test_timeout_sec: 1.0e+308\n", "max_test_timeout_sec"),
         ("- just\n- a list\n", "table of fields"),
     ],
 )

@@ -19,12 +19,16 @@ PASSED test_outputs.py::test_a
 
 @pytest.mark.parametrize(
     ("data", "expected"),
-    [(b"1\n", 1.0), (b" 0.5 ", 0.5), (b"0", 0.0), (b"nan", 0.0), (b"one", 0.0), (b"\xff", 0.0), (b"", 0.0)],
-)
-def test_reward_txt(data: bytes, expected: float) -> None:
+    [
+        (b"1\n", 1.0), (b" 0.5 ", 0.5), (b"0", 0.0), (b".25", 0.25), (b"nan", 0.0), (b"one", 0.0), (b"\xff", 0.0),
+        (b"", 0.0), (b"1_0", 0.0), (b"1e0", 1.0), (b"inf", 0.0), (b"2", 0.0), (b"-0.5", 0.0), (b"0x1", 0.0),
+    ],
+)  # fmt: skip
+def test_reward_txt_is_a_decimal_in_the_unit_interval(data: bytes, expected: float) -> None:
     reward, reason = parse_reward_txt(data)
     assert reward == expected
-    assert (reason is None) == (data.strip() not in {b"nan", b"one", b"\xff", b""})
+    refused = {b"nan", b"one", b"\xff", b"", b"1_0", b"inf", b"2", b"-0.5", b"0x1"}
+    assert (reason is None) == (data.strip() not in refused)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +40,9 @@ def test_reward_txt(data: bytes, expected: float) -> None:
         (b"[1, 2]", 0.0, False),
         (b"{}", 0.0, False),
         (b"{", 0.0, False),
+        (b'{"reward": NaN}', 0.0, False),
+        (b'{"reward": 1.5}', 0.0, False),
+        (b'{"a": 1, "b": -1}', 0.0, False),
     ],
 )
 def test_reward_json(data: bytes, expected: float, ok: bool) -> None:

@@ -24,6 +24,8 @@ from enum import Enum
 
 from lxml import etree
 
+from terminus_env.plain_numbers import read_decimal
+
 MAX_COMMAND_DURATION = 60.0
 DEFAULT_DURATION = 1.0
 
@@ -485,14 +487,11 @@ def _seconds(raw: str | None, issues: list[tuple[Issue, str]]) -> float:
     if raw is None:
         issues.append((Issue.MISSING_DURATION, 'no duration="seconds" attribute; using 1.0 s.'))
         return DEFAULT_DURATION
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
+    seconds = read_decimal(raw)
+    seconds = math.nan if seconds is None else seconds
     if not math.isfinite(seconds) or seconds < 0:
-        issues.append(
-            (Issue.INVALID_DURATION, f"duration {_clip(raw)!r} is not a number of seconds >= 0; using 1.0 s.")
-        )
+        problem = f"duration {_clip(raw)!r} is not a decimal number of seconds, like 0.5 or 10; using 1.0 s."
+        issues.append((Issue.INVALID_DURATION, problem))
         return DEFAULT_DURATION
     if seconds > MAX_COMMAND_DURATION:
         issues.append(
@@ -508,8 +507,8 @@ def _xml_attributes(attrs: str) -> tuple[tuple[tuple[str, str], ...], str | None
         if element.tag == "keystrokes":
             return tuple(element.attrib.items()), None
         reason = f"<{_clip(element.tag)}> is not <keystrokes>"
-    except etree.XMLSyntaxError as exc:
-        reason = exc.error_log[0].message if exc.error_log else str(exc)
+    except etree.XMLSyntaxError as exc:  # its own message: the shared parser's error_log keeps every earlier error
+        reason = exc.msg or str(exc)
     except ValueError as exc:  # lxml refuses some code points outright
         reason = str(exc)
     # Not XML, but a quoted duration="..." among the debris still counts, as it does for Harbor.

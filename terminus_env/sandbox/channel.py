@@ -1,13 +1,14 @@
-"""The host end of the control channel: one long-lived ``docker exec`` of the agent per container.
+"""The host end of the control channel: one long-lived ``docker exec`` of the control daemon per container.
 
-The exec's hijacked socket carries JSON lines to the agent's stdin; its stdout comes back in
-Docker's multiplexed frames (8-byte header: stream, 0, 0, 0, big-endian length). Requests
-carry an id, so many can be in flight at once.
+The exec's hijacked socket carries JSON lines to the daemon's stdin; its stdout comes back in Docker's
+multiplexed frames (8-byte header: stream, 0, 0, 0, big-endian length). Requests carry an id, so many can be in
+flight at once. A line that is not a reply is dropped and counted: it fails no request and never the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import socket
@@ -17,17 +18,24 @@ from typing import Any
 
 import docker
 
-from terminus_env.sandbox.errors import SandboxError, TerminalGone
+from terminus_env.sandbox.errors import ResourcesExhausted, SandboxError, SandboxLost
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
-# The agent's source comes as the first line on stdin, so `ps` in the sandbox shows this short line only.
-_BOOTSTRAP = 'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-agent","exec"))'
-
+DAEMON_SOURCE = Path(__file__).with_name("daemon.py").read_text()
+"""The in-container code: the container's main process and the control daemon (see daemon.py)."""
+CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"
+"""The container's main process reads DAEMON_SOURCE from this variable (and removes it from its environment)."""
+MAIN_COMMAND = ["python3", "-I", "-S", "-c", f"import os;exec(os.environ.pop({CODE_VARIABLE!r}))", "main"]
+# The daemon makes itself undumpable before anything else, then reads its source as the first line on stdin.
+_BOOTSTRAP = (
+    "import ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
+    'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-daemon","exec"))'
+)
 _STDERR_KEEP = 4000
+_EXHAUSTED = {errno.EAGAIN, errno.ENOMEM}
 
 
 class Channel:
-    """Request/response over one agent process; ``request`` raises TerminalGone once the agent is gone."""
+    """Request/response over one daemon process; ``request`` raises SandboxLost once the daemon is gone."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
@@ -36,28 +44,40 @@ class Channel:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._stderr = b""
         self._closed_reason: str | None = None
+        self.dropped_lines = 0
+        """Lines on the daemon's stdout that were not a reply to a pending request."""
         self._pump = asyncio.get_running_loop().create_task(self._read_frames())
 
     @classmethod
-    async def open(cls, client: docker.DockerClient, container_id: str) -> Channel:
-        sock = await asyncio.to_thread(_start_agent, client, container_id)
+    async def open(
+        cls, client: docker.DockerClient, container_id: str, start_s: float, file_limit_bytes: int = 0
+    ) -> tuple[Channel, str]:
+        """Start the daemon and wait (up to ``start_s``) until the container is split; returns how the image's
+        ENTRYPOINT handed over ("ready", "exited N" or "no-handover"). ``file_limit_bytes`` caps each file the
+        agent's side writes (0: no cap)."""
+        argv = ["--stop-container-on-eof", "--wait", str(start_s), "--file-limit", str(file_limit_bytes)]
+        sock = await asyncio.to_thread(_start_daemon, client, container_id, argv)
         reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(json.dumps(AGENT_SOURCE).encode() + b"\n")  # read by _BOOTSTRAP
+        writer.write(json.dumps(DAEMON_SOURCE).encode() + b"\n")  # read by _BOOTSTRAP
         channel = cls(reader, writer)
         try:
-            await channel.request("ping", 30)
-        except TerminalGone as exc:
+            reply = await channel.request("ping", start_s + 30)
+        except SandboxLost as exc:
             await channel.close()
             raise SandboxError(
-                f"the sandbox agent could not start in {container_id[:12]} ({exc}); it needs python3 in the image: "
-                "add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build FROM the base image"
+                f"the sandbox daemon could not start in {container_id[:12]} ({exc}); it needs python3 with ctypes in "
+                "the image: add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build FROM the "
+                "base image"
             ) from exc
-        return channel
+        except SandboxError:
+            await channel.close()
+            raise
+        return channel, str(reply.get("handover"))
 
     async def request(self, op: str, wait_s: float, **fields: Any) -> dict[str, Any]:
-        """Send one request and wait for its answer (``wait_s`` guards against a wedged agent)."""
+        """Send one request and wait for its answer (``wait_s`` guards against a wedged daemon)."""
         if self._closed_reason is not None:
-            raise TerminalGone(self._closed_reason)
+            raise SandboxLost(self._closed_reason)
         ident = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[ident] = future
@@ -65,16 +85,19 @@ class Channel:
             self._writer.write(json.dumps({"id": ident, "op": op, **fields}).encode() + b"\n")
             await self._writer.drain()
             reply = await asyncio.wait_for(future, wait_s)
-        except (ConnectionError, OSError) as exc:
-            raise TerminalGone(f"the sandbox's control channel broke ({exc}); the container is gone") from exc
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # before OSError: on Python 3.11 a TimeoutError is an OSError
             raise SandboxError(
-                f"the sandbox agent did not answer {op!r} within {wait_s:g} s; close this sandbox and start a new one"
+                f"the sandbox daemon did not answer {op!r} within {wait_s:g} s (is the container paused?); "
+                "close this sandbox and start a new one"
             ) from None
+        except (ConnectionError, OSError) as exc:
+            raise SandboxLost(f"the sandbox's control channel broke ({exc}); the container is gone") from exc
         finally:
             self._pending.pop(ident, None)
         if not reply.get("ok"):
-            raise SandboxError(f"the sandbox agent failed on {op!r}: {reply.get('error')}")
+            if reply.get("spawn_errno") in _EXHAUSTED:
+                raise ResourcesExhausted(f"nothing more can start in the sandbox ({reply.get('error')})")
+            raise SandboxError(f"the sandbox daemon failed on {op!r}: {reply.get('error')}")
         return reply
 
     async def _read_frames(self) -> None:
@@ -90,49 +113,65 @@ class Channel:
                 buffer += payload
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    self._deliver(json.loads(line))
+                    self._deliver(line)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
             self._fail_all()
 
-    def _deliver(self, reply: dict[str, Any]) -> None:
-        future = self._pending.get(reply.get("id"))  # type: ignore[arg-type]
-        if future is not None and not future.done():
-            future.set_result(reply)
+    def _deliver(self, line: bytes) -> None:
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        future = self._pending.get(reply.get("id")) if isinstance(reply, dict) else None  # type: ignore[arg-type]
+        if future is None or future.done():
+            self.dropped_lines += 1
+            return
+        future.set_result(reply)
 
     def _fail_all(self) -> None:
         detail = self._stderr.decode(errors="replace").strip()
-        self._closed_reason = "the sandbox's control agent exited; the container is gone or was stopped" + (
-            f" (agent stderr: {detail[-500:]})" if detail else ""
+        self._closed_reason = "the sandbox's control daemon exited; the container is gone or was stopped" + (
+            f" (daemon stderr: {detail[-500:]})" if detail else ""
         )
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(TerminalGone(self._closed_reason))
+                future.set_exception(SandboxLost(self._closed_reason))
 
     @property
     def closed(self) -> bool:
         return self._closed_reason is not None
 
+    @property
+    def stderr(self) -> str:
+        """The tail of what the daemon wrote to its stderr (a traceback there means a bug on our side)."""
+        return self._stderr.decode(errors="replace")
+
     async def close(self) -> None:
-        """Close the socket; the agent sees end of input and stops the container."""
+        """Close the socket; the daemon sees end of input and stops the container."""
         if not self._writer.is_closing():
             self._writer.close()
         self._pump.cancel()
         await asyncio.gather(self._pump, return_exceptions=True)
 
 
-def _start_agent(client: docker.DockerClient, container_id: str) -> socket.socket:
-    """Exec the agent and return a private duplicate of the hijacked socket, ready for asyncio."""
+def _start_daemon(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
+    """Exec the daemon and return a private duplicate of the hijacked socket, ready for asyncio."""
     try:
         exec_id = client.api.exec_create(
-            container_id,
-            ["python3", "-c", _BOOTSTRAP, "--stop-container-on-eof"],
-            stdin=True, stdout=True, stderr=True, user="0",
+            container_id, ["python3", "-I", "-S", "-c", _BOOTSTRAP, *argv], stdin=True, stdout=True, stderr=True,
+            user="0",
         )["Id"]  # fmt: skip
         raw = client.api.exec_start(exec_id, socket=True)
     except docker.errors.APIError as exc:
-        raise SandboxError(f"cannot start the sandbox agent in {container_id[:12]}: {exc}") from exc
+        if exc.status_code in (404, 409):  # gone or not running: the main process died at once
+            raise SandboxError(
+                f"container {container_id[:12]} stopped as soon as it started: its main process needs python3 with "
+                "ctypes in the image; add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build "
+                f"FROM the base image ({exc.explanation or exc})"
+            ) from exc
+        raise SandboxError(f"cannot start the sandbox daemon in {container_id[:12]}: {exc}") from exc
     sock = getattr(raw, "_sock", raw)
     if not isinstance(sock, socket.socket) or type(sock) is not socket.socket:
         raise SandboxError("the control channel needs a unix:// or tcp:// DOCKER_HOST without TLS")

@@ -1,4 +1,9 @@
-"""Typed errors of the sandbox; each message says what to do next."""
+"""Typed errors of the sandbox; each message says what to do next.
+
+They also say whose fault a failure was, which decides whether a trainer may mask the episode:
+:class:`AgentCaused` failures came from what the agent did inside the sandbox (they are the agent's failure and
+must never be masked); every other :class:`SandboxError` is a fault of the infrastructure.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from terminus_env.errors import TerminusError
 
 
 class SandboxError(TerminusError):
-    """Base class for every failure of a sandbox, its images or its terminal."""
+    """Base class for every failure of a sandbox, its images or its terminal; infrastructure unless a subclass
+    says otherwise."""
 
 
 class DockerUnavailable(SandboxError):
@@ -31,5 +37,29 @@ class ImageBuildError(SandboxError):
         super().__init__(message)
 
 
-class TerminalGone(SandboxError):
-    """The shell in tmux exited (e.g. after `exit`) or the container died; start a new sandbox."""
+class SandboxLost(SandboxError):
+    """The container or its control daemon went away (removed, stopped, the engine failed); start a new sandbox."""
+
+
+class AgentCaused(SandboxError):
+    """The sandbox stopped working because of what the agent did in it; the episode is the agent's failure."""
+
+
+class TerminalGone(AgentCaused):
+    """The agent's shell or its tmux server is gone (``exit``, Ctrl-D, ``kill -9 -1``, ``tmux kill-server``)."""
+
+
+class ResourcesExhausted(AgentCaused):
+    """Nothing more could start in the sandbox: the agent's processes used up its pids or memory."""
+
+
+class DiskLimitExceeded(AgentCaused):
+    """The agent wrote more than the task's ``storage_mb`` into the container."""
+
+    def __init__(self, used_mb: float, limit_mb: int) -> None:
+        self.used_mb = used_mb
+        self.limit_mb = limit_mb
+        super().__init__(
+            f"the sandbox's writable layer reached {used_mb:.0f} MB, over the task's storage limit of {limit_mb} MB; "
+            "the agent's processes were stopped"
+        )

@@ -23,7 +23,7 @@ import requests
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from terminus_env import config
-from terminus_env.sandbox.engine import connect
+from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import ImageBuildError
 
 BASE_IMAGE = "terminus-env/base:bookworm"

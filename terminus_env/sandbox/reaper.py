@@ -5,7 +5,7 @@ from __future__ import annotations
 import docker
 
 from terminus_env.sandbox.cleanup import remove_container
-from terminus_env.sandbox.engine import connect
+from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.owner import LABEL, Owner
 
 

@@ -1,10 +1,15 @@
 """One hardened container per episode, driven through a single control channel.
 
-Created through the docker-py API with a cut-down capability set, no network unless the
-spec allows it, pids/memory/CPU limits, ``init``, no-new-privileges, owner labels and a
-lifetime backstop (the main process is ``sleep lifetime_s``; the container removes itself
-when it ends). Removed on close, at exit, on SIGTERM, when the owner dies (the agent sees
-its channel close) and, failing all that, by the reaper.
+Created through the docker-py API with a cut-down capability set, no network unless the spec allows it,
+pids/memory/CPU limits, ``init``, no-new-privileges, owner labels, a capped log and a lifetime backstop. The
+container's main process (daemon.py, ``main``) splits it into the agent's side and the host's side before the
+image's ENTRYPOINT runs, on the agent's side, with the keep-alive command. Removed on close, at exit, on SIGTERM,
+when the owner dies (the daemon sees its channel close) and, failing all that, by the reaper.
+
+Disk: where the storage driver can enforce a size (overlay2 on xfs with pquota, and others), the task's
+``storage_mb`` is a hard limit on the writable layer. Elsewhere a watchdog measures the layer every
+``DISK_POLL_S`` and stops the agent's processes once it is over; each file the agent writes is capped at the limit
+too (RLIMIT_FSIZE). Writes to tmpfs mounts count against the container's memory, not the disk.
 """
 
 from __future__ import annotations
@@ -15,27 +20,35 @@ import io
 import math
 import tarfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import docker
-from docker.errors import APIError, ImageNotFound
+from docker.errors import APIError, DockerException, ImageNotFound
+from docker.types import LogConfig
 
-from terminus_env.sandbox.channel import Channel
+from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, MAIN_COMMAND, Channel
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
-from terminus_env.sandbox.engine import connect
-from terminus_env.sandbox.errors import SandboxError
+from terminus_env.sandbox.docker_client import connect
+from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.owner import Owner, new_run_id
 from terminus_env.sandbox.reaper import reap
-from terminus_env.sandbox.spec import SandboxSpec
+from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, SandboxSpec
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
-__all__ = ["ExecResult", "Sandbox", "Terminal", "TerminalOutput"]
+__all__ = ["ExecResult", "Sandbox", "Terminal", "TerminalOutput", "VerifierRun"]
 
 EXEC_OUTPUT_LIMIT = 1_000_000
-_GRACE_S = 30.0  # how much longer than a command's own timeout the host waits for the agent
+HANDOVER_S = 60.0
+"""How long an image's ENTRYPOINT may take to hand over to the keep-alive command before the start fails."""
+DISK_POLL_S = 1.0
+LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # the agent can write to the main process's stdout
+_GRACE_S = 30.0  # how much longer than a command's own timeout the host waits for the daemon
+_MB = 1024 * 1024
+_storage_limits: dict[str, bool] = {}  # per engine: can it enforce a writable layer's size?
 
 
 @dataclass
@@ -46,12 +59,20 @@ class ExecResult:
     duration_s: float
 
 
+@dataclass
+class VerifierRun:
+    """A verifier's run on the host's side, and the files it left there (None: not written)."""
+
+    result: ExecResult
+    files: dict[str, bytes | None] = field(default_factory=dict)
+
+
 class Sandbox:
     """One container with a tmux terminal; create with ``await Sandbox.start(spec)``."""
 
     def __init__(
         self, spec: SandboxSpec, client: docker.DockerClient, container_id: str, channel: Channel,
-        terminal: Terminal, user: str | None,
+        terminal: Terminal, user: str | None, disk_enforced: bool,
     ) -> None:  # fmt: skip
         self.spec = spec
         self.id = container_id
@@ -60,6 +81,8 @@ class Sandbox:
         self._channel = channel
         self._user = user
         self._closed = False
+        self._violation: DiskLimitExceeded | None = None
+        self._disk_watch = None if disk_enforced else asyncio.get_running_loop().create_task(self._watch_disk())
 
     @classmethod
     async def start(cls, spec: SandboxSpec, *, client: docker.DockerClient | None = None) -> Sandbox:
@@ -69,52 +92,95 @@ class Sandbox:
             await asyncio.to_thread(reap, False, client)
         creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec))
         try:
-            container_id, image_user = await asyncio.shield(creating)
+            container_id, image_user, disk_enforced = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
             creating.add_done_callback(lambda done: done.exception() or _discard(client, done.result()[0]))
             raise
         try:
             user = spec.user or image_user or None
-            channel = await Channel.open(client, container_id)
+            channel, handover = await Channel.open(
+                client, container_id, HANDOVER_S, 0 if disk_enforced else spec.effective_storage_mb * _MB
+            )
+            if handover != "ready":
+                await channel.close()
+                raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
             terminal = await Terminal.start(channel, user=user, workdir=spec.workdir)
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
             raise
-        return cls(spec, client, container_id, channel, terminal, user)
+        return cls(spec, client, container_id, channel, terminal, user, disk_enforced)
 
     async def exec(
         self, cmd: str, timeout: float, *, user: str | None = None, env: Mapping[str, str] | None = None,
         workdir: str | None = None,
     ) -> ExecResult:  # fmt: skip
-        """Run ``bash -c cmd`` outside the terminal; on timeout everything it started is killed in the container."""
+        """Run ``bash -c cmd`` on the agent's side, outside the terminal, as the agent could have run it.
+
+        On timeout everything it started is killed; what it leaves running in the background stays, like the
+        agent's own processes.
+        """
         reply = await self._channel.request(
-            "exec", timeout + _GRACE_S, cmd=cmd, timeout=timeout, user=user or self._user, env=dict(env or {}),
-            workdir=workdir or self.spec.workdir, max_output=EXEC_OUTPUT_LIMIT,
+            "exec", timeout + _GRACE_S, side="agent", cmd=cmd, timeout=timeout, user=user or self._user,
+            env=dict(env or {}), workdir=workdir or self.spec.workdir, max_output=EXEC_OUTPUT_LIMIT,
         )  # fmt: skip
-        output = join_capped(reply["head"], reply["tail"], reply["omitted"], EXEC_OUTPUT_LIMIT)
-        return ExecResult(reply["exit_code"], output, reply["timed_out"], reply["duration_s"])
+        return _exec_result(reply)
+
+    async def verify(
+        self, tests: bytes, cmd: str, timeout: float, *, user: str, env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (), max_bytes: int = 4_000_000,
+    ) -> VerifierRun:  # fmt: skip
+        """Run a verifier on the host's side: fresh /tests (unpacked from the tar ``tests``) and /logs/verifier,
+        ``bash -c cmd`` as ``user``, then the files ``read``.
+
+        Those two folders exist on the host's side only, and nothing on the agent's side can see the verifier's
+        processes, so nothing the agent left running can change the tests or what the verifier writes.
+        """
+        reply = await self._channel.request(
+            "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
+            user=user, env=dict(env or {}), workdir=self.spec.workdir, read=list(read), max_bytes=max_bytes,
+        )  # fmt: skip
+        files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}
+        return VerifierRun(_exec_result(reply), files)
 
     async def put_dir(self, local: Path, dest: str) -> None:
-        """Copy the contents of folder ``local`` into ``dest`` (created if missing)."""
+        """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""
         local = Path(local)
         if not local.is_dir():
             raise SandboxError(f"put_dir: {local} is not a folder; pass the folder whose contents to copy")
-        await asyncio.to_thread(self._put_archive, _tar_dir(local, dest))
+        await asyncio.to_thread(self._put_archive, tar_dir(local, dest))
 
     async def put_file(self, data: bytes, dest: str, mode: int = 0o644) -> None:
-        """Write ``data`` to the file ``dest`` (parent folders are created)."""
-        await asyncio.to_thread(self._put_archive, _tar_file(data, dest, mode))
+        """Write ``data`` to the file ``dest`` (parent folders are created), where both sides see it."""
+        await asyncio.to_thread(self._put_archive, tar_file(data, dest, mode))
 
     async def read_file(self, path: str, max_bytes: int = 1_000_000) -> bytes | None:
-        """The file's first ``max_bytes`` bytes, or None if it does not exist."""
+        """The file's first ``max_bytes`` bytes as the host's side sees it, or None if it does not exist."""
         reply = await self._channel.request("read", _GRACE_S, path=path, max_bytes=max_bytes)
         return None if reply["data"] is None else base64.b64decode(reply["data"])
+
+    async def stop_agent(self) -> None:
+        """Kill every process on the agent's side; the terminal is gone afterwards, the container stays."""
+        await self._channel.request("stop_agent", _GRACE_S)
+
+    @property
+    def violation(self) -> DiskLimitExceeded | None:
+        """The limit the agent broke, once the watchdog has seen it (the agent's processes are stopped by then)."""
+        return self._violation
+
+    async def check_disk(self) -> DiskLimitExceeded | None:
+        """Measure the writable layer now (before grading: the watchdog only looks every DISK_POLL_S)."""
+        if self._violation is None and self._disk_watch is not None:
+            await self._judge_disk(await asyncio.to_thread(self._disk_used_mb))
+        return self._violation
 
     async def close(self) -> None:
         """Remove the container; safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        if self._disk_watch is not None:
+            self._disk_watch.cancel()
+            await asyncio.gather(self._disk_watch, return_exceptions=True)
         await asyncio.to_thread(_discard, self._client, self.id)
         await self._channel.close()
 
@@ -127,11 +193,50 @@ class Sandbox:
         """Not closed, and its control channel (hence its container) is still up."""
         return not self._closed and not self._channel.closed
 
+    async def container_running(self) -> bool:
+        """The container runs (and is not paused), whatever its control channel says."""
+        try:
+            attrs = await asyncio.to_thread(self._client.api.inspect_container, self.id)
+        except DockerException:
+            return False
+        state = attrs.get("State") or {}
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    @property
+    def daemon_stderr(self) -> str:
+        """What the control daemon wrote to its stderr: a Python traceback there is a bug of ours."""
+        return self._channel.stderr
+
     async def __aenter__(self) -> Sandbox:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def _watch_disk(self) -> None:
+        while self._violation is None:
+            try:
+                used = await asyncio.to_thread(self._disk_used_mb)
+            except (DockerException, SandboxLost):
+                return  # the container is gone; the channel reports it
+            await self._judge_disk(used)
+            await asyncio.sleep(DISK_POLL_S)
+
+    async def _judge_disk(self, used_mb: float) -> None:
+        limit = self.spec.effective_storage_mb
+        if used_mb <= limit or self._violation is not None:
+            return
+        self._violation = DiskLimitExceeded(used_mb, limit)
+        try:
+            await self.stop_agent()
+        except SandboxError:
+            pass  # the container went away meanwhile: nothing is left to stop
+
+    def _disk_used_mb(self) -> float:
+        found = self._client.api.containers(all=True, size=True, filters={"id": self.id})
+        if not found:
+            raise SandboxLost(f"container {self.id[:12]} is gone")
+        return (found[0].get("SizeRw") or 0) / _MB
 
     def _put_archive(self, data: bytes) -> None:
         try:
@@ -140,41 +245,98 @@ class Sandbox:
             raise SandboxError(f"copying into sandbox {self.id[:12]} failed: {exc}") from exc
 
 
-def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str]:
-    """Create and start the container; returns its id and the image's default user."""
-    limit_mb = spec.effective_memory_mb
+def _exec_result(reply: Mapping[str, Any]) -> ExecResult:
+    output = join_capped(reply["head"], reply["tail"], reply["omitted"], EXEC_OUTPUT_LIMIT)
+    return ExecResult(reply["exit_code"], output, reply["timed_out"], reply["duration_s"])
+
+
+def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str, bool]:
+    """Create and start the container; returns its id, the image's default user, and whether the engine enforces
+    the storage limit itself."""
     try:
-        container = client.containers.create(  # create, not run: run would try to pull a missing image
-            spec.image,
-            entrypoint=["sleep"],
-            command=[str(math.ceil(spec.lifetime_s))],
-            auto_remove=True,
-            init=True,
-            labels=Owner.current().labels(new_run_id()),
-            network_mode=None if spec.allow_internet else "none",
-            cap_drop=["ALL"],
-            cap_add=list(spec.capabilities),
-            security_opt=["no-new-privileges"],
-            pids_limit=spec.pids_limit,
-            mem_limit=f"{limit_mb}m",
-            memswap_limit=f"{limit_mb}m",
-            nano_cpus=int(spec.effective_cpus * 1e9),
-            environment=dict(spec.env),
-            working_dir=spec.workdir,
-        )
+        config = client.api.inspect_image(spec.image).get("Config") or {}
     except ImageNotFound as exc:
         raise SandboxError(
             f"image {spec.image!r} does not exist here; build it (ensure_image, or `terminus-env images base`)"
         ) from exc
     except APIError as exc:
-        raise SandboxError(f"cannot create a container from {spec.image!r}: {exc.explanation or exc}") from exc
+        raise SandboxError(f"cannot inspect image {spec.image!r}: {exc.explanation or exc}") from exc
+    lifetime = str(math.ceil(spec.lifetime_s))
+    file_limit = str(spec.effective_storage_mb * _MB)
+    options: dict[str, Any] = dict(
+        entrypoint=[*MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, "--", *(config.get("Entrypoint") or [])],
+        command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does
+        auto_remove=True,
+        init=True,
+        labels=Owner.current().labels(new_run_id()),
+        network_mode=None if spec.allow_internet else "none",
+        cap_drop=["ALL"],
+        cap_add=[*spec.capabilities, *DAEMON_CAPABILITIES],
+        security_opt=_security_options(client),
+        pids_limit=spec.pids_limit,
+        mem_limit=f"{spec.effective_memory_mb}m",
+        memswap_limit=f"{spec.effective_memory_mb}m",
+        nano_cpus=int(spec.effective_cpus * 1e9),
+        environment={**spec.env, CODE_VARIABLE: DAEMON_SOURCE},
+        working_dir=spec.workdir,
+        log_config=LogConfig(type="json-file", config=LOG_LIMIT),
+    )
+    engine = client.api.base_url
+    enforced = _storage_limits.get(engine, True)
+    container = None
+    if enforced:
+        try:
+            container = _create_container(client, spec, options, {"size": f"{spec.effective_storage_mb}M"})
+        except SandboxError as exc:
+            if "storage" not in str(exc).lower():
+                raise
+            _storage_limits[engine] = enforced = False
+    if container is None:
+        container = _create_container(client, spec, options, None)
     REGISTRY.add(container.id, client)
     try:
         container.start()
     except APIError as exc:
         _discard(client, container.id)
         raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
-    return container.id, container.attrs.get("Config", {}).get("User") or ""
+    return container.id, config.get("User") or "", enforced
+
+
+def _create_container(
+    client: docker.DockerClient, spec: SandboxSpec, options: dict[str, Any], storage: dict[str, str] | None
+) -> Any:
+    try:  # create, not run: run would try to pull a missing image
+        return client.containers.create(spec.image, **options, **({"storage_opt": storage} if storage else {}))
+    except APIError as exc:
+        raise SandboxError(f"cannot create a container from {spec.image!r}: {exc.explanation or exc}") from exc
+
+
+def _security_options(client: docker.DockerClient) -> list[str]:
+    """no-new-privileges; and where the engine confines containers with AppArmor, no AppArmor profile: Docker's
+    default profile forbids the mounts that split the container, and the agent's side gets no CAP_SYS_ADMIN and
+    Docker's seccomp rules for a container without it, whatever the profile."""
+    options = ["no-new-privileges"]
+    try:
+        security = client.info().get("SecurityOptions") or []
+    except DockerException:
+        security = []
+    if any("apparmor" in str(option) for option in security):
+        options.append("apparmor=unconfined")
+    return options
+
+
+def _handover_failure(client: docker.DockerClient, container_id: str, spec: SandboxSpec, verdict: str) -> str:
+    try:
+        logs = client.api.logs(container_id, tail=30).decode("utf-8", "replace").strip()
+    except DockerException:
+        logs = ""
+    what = {
+        "no-handover": f"did not start the keep-alive command within {HANDOVER_S:g} s",
+    }.get(verdict, f"ended before starting the keep-alive command ({verdict.replace('exited', 'exit code')})")
+    return (
+        f"the ENTRYPOINT of image {spec.image!r} {what}; it must end by running its arguments (e.g. `exec \"$@\"`). "
+        + (f"Its output:\n{logs}" if logs else "It wrote nothing.")
+    )
 
 
 def _discard(client: docker.DockerClient, container_id: str) -> None:
@@ -182,19 +344,27 @@ def _discard(client: docker.DockerClient, container_id: str) -> None:
     REGISTRY.discard(container_id)
 
 
-def _tar_dir(local: Path, dest: str) -> bytes:
+def tar_dir(local: Path, dest: str) -> bytes:
+    """A tar of folder ``local``'s contents under ``dest``, owned by root."""
     buffer = io.BytesIO()
     root = PurePosixPath("/", dest).relative_to("/")
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in sorted(local.rglob("*")):
-            archive.add(path, arcname=str(root / path.relative_to(local).as_posix()), recursive=False)
+            archive.add(path, arcname=str(root / path.relative_to(local).as_posix()), recursive=False, filter=_root)
     return buffer.getvalue()
 
 
-def _tar_file(data: bytes, dest: str, mode: int) -> bytes:
+def tar_file(data: bytes, dest: str, mode: int) -> bytes:
+    """A tar holding one file ``dest`` with ``data``, owned by root."""
     buffer = io.BytesIO()
     info = tarfile.TarInfo(str(PurePosixPath("/", dest).relative_to("/")))
     info.size, info.mode, info.mtime = len(data), mode, int(time.time())
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from terminus_env.limits import (
+    MAX_CPUS,
+    MAX_LIFETIME_S,
+    MAX_MEMORY_MB,
+    MAX_STORAGE_MB,
+    MIN_CPUS,
+    MIN_MEMORY_MB,
+    MIN_STORAGE_MB,
+)
+
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048
+DEFAULT_STORAGE_MB = 10240
+"""Used when a task sets no ``storage_mb``: Terminal-Bench 2 tasks typically ask for 10 GiB."""
 # Docker's default set minus NET_RAW, MKNOD, AUDIT_WRITE, SYS_CHROOT, SETFCAP and SETPCAP:
 # enough for chown, package managers (setuid/setgid), kill and binding low ports.
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL", "NET_BIND_SERVICE")
+DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP")
+"""Added to the container for its control daemon alone, which needs them to split the container and to enter the
+agent's namespaces; every other process in the container runs without them (see daemon.py)."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +36,7 @@ class SandboxSpec:
     image: str
     cpus: float | None = None
     memory_mb: int | None = None
+    storage_mb: int | None = None
     pids_limit: int = 1024
     allow_internet: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
@@ -31,12 +48,11 @@ class SandboxSpec:
     def __post_init__(self) -> None:
         if not self.image:
             raise ValueError("SandboxSpec.image is empty: name the image to run")
-        if self.cpus is not None and self.cpus <= 0:
-            raise ValueError(f"SandboxSpec.cpus={self.cpus} must be positive (or None for {DEFAULT_CPUS})")
-        if self.memory_mb is not None and self.memory_mb < 16:
-            raise ValueError(f"SandboxSpec.memory_mb={self.memory_mb} is too small: give at least 16 MB")
-        if self.lifetime_s <= 0:
-            raise ValueError("SandboxSpec.lifetime_s must be positive")
+        _check_range("cpus", self.cpus, MIN_CPUS, MAX_CPUS, f"or None for {DEFAULT_CPUS}")
+        _check_range("memory_mb", self.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB, f"or None for {DEFAULT_MEMORY_MB}")
+        _check_range("storage_mb", self.storage_mb, MIN_STORAGE_MB, MAX_STORAGE_MB, f"or None for {DEFAULT_STORAGE_MB}")
+        _check_range("lifetime_s", self.lifetime_s, 1, MAX_LIFETIME_S, "")
+        _check_range("pids_limit", self.pids_limit, 16, 1 << 22, "")
         object.__setattr__(self, "env", MappingProxyType({str(k): str(v) for k, v in self.env.items()}))
 
     def __hash__(self) -> int:
@@ -47,8 +63,9 @@ class SandboxSpec:
 
     def _key(self) -> tuple:
         return (
-            self.image, self.effective_cpus, self.effective_memory_mb, self.pids_limit, self.allow_internet,
-            tuple(sorted(self.env.items())), self.workdir, self.lifetime_s, self.user, self.capabilities,
+            self.image, self.effective_cpus, self.effective_memory_mb, self.effective_storage_mb, self.pids_limit,
+            self.allow_internet, tuple(sorted(self.env.items())), self.workdir, self.lifetime_s, self.user,
+            self.capabilities,
         )  # fmt: skip
 
     @property
@@ -58,3 +75,16 @@ class SandboxSpec:
     @property
     def effective_memory_mb(self) -> int:
         return DEFAULT_MEMORY_MB if self.memory_mb is None else int(self.memory_mb)
+
+    @property
+    def effective_storage_mb(self) -> int:
+        return DEFAULT_STORAGE_MB if self.storage_mb is None else int(self.storage_mb)
+
+
+def _check_range(name: str, value: float | None, low: float, high: float, hint: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"SandboxSpec.{name}={value!r} must be a number between {low:g} and {high:g} {hint}".strip())
+    if not low <= value <= high:
+        raise ValueError(f"SandboxSpec.{name}={value!r} must be between {low:g} and {high:g} {hint}".strip())

@@ -1,8 +1,9 @@
 """The tmux terminal of a sandbox: typing keys, waiting only as long as a command runs, reading output.
 
 Every operation is one request on the sandbox's control channel; the wait for the shell to be
-idle runs inside the container (see agent.py), so it ends within milliseconds of the prompt
-coming back instead of after the full duration.
+idle runs inside the container (see daemon.py), so it ends within milliseconds of the prompt
+coming back instead of after the full duration. The terminal lives on the agent's side: when it
+stops working, that is what the agent did to it (TerminalGone), never a fault of the host.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Terminal:
             "send", timeout + 30, tmux=TMUX, target=TARGET, calls=calls, timeout=timeout, **pane
         )
         if reply.get("error"):
-            raise SandboxError(f"sending keys to the terminal failed ({reply['error']})")
+            raise TerminalGone(f"the terminal stopped taking keys ({reply['error']}); close this sandbox")
         return time.monotonic() - started
 
     async def capture_new(self) -> TerminalOutput:

@@ -1,19 +1,28 @@
 """Grade a finished episode, and apply a task's reference solution (the oracle).
 
-Tests and solutions are copied in only now, so the agent never saw them. The verifier
-runs as a one-shot exec, not in the agent's terminal, so it works whatever the agent left
+Tests and solutions are copied in only now, so the agent never saw them. The verifier runs on the
+sandbox's host side (see ``Sandbox.verify``): its /tests and /logs/verifier are folders the agent's
+side cannot reach, and its processes are invisible from there, so nothing the agent left running can
+change the tests or forge the reward, while services the agent started keep answering the tests.
+It runs as a one-shot command, not in the agent's terminal, so it works whatever the agent left
 running there (including after an agent timeout).
+
+Rewards are decimal numbers in [0, 1] (Python's ``float("1_0")`` is 10; here it is refused): anything else
+is a verifier fault, counted as 0 with the reason.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+import tarfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from terminus_env.plain_numbers import read_decimal
 from terminus_env.tasks.task import Task, TaskError
 
 if TYPE_CHECKING:
@@ -46,33 +55,48 @@ class GradeResult:
 
 
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
-    """Copy the tests in, run the verifier once, and read its reward."""
+    """Run the verifier once on the host's side, with fresh tests, and read its reward.
+
+    Raises ``ResourcesExhausted`` when the agent's processes left no pid or memory to start the verifier with.
+    """
     start = time.monotonic()
-    # Nothing the episode left in /tests or /logs/verifier may count; a non-root verifier must write its logs.
-    fresh = f"{TESTS_DIR} {VERIFIER_LOGS}"
-    await _prepare(sandbox, f"rm -rf {fresh} && mkdir -p {fresh} && chmod a+rwx {VERIFIER_LOGS}")
-    if task.tests_dir.is_dir():
-        await sandbox.put_dir(task.tests_dir, TESTS_DIR)
-    if task.source_format == "terminal-bench-1":
-        await sandbox.put_file(task.verifier_script.read_bytes(), f"{TESTS_DIR}/run-tests.sh", mode=0o755)
-    # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the exec open.
-    result = await sandbox.exec(
-        f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1",
-        timeout=task.verifier_timeout_s,
+    # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the run open.
+    command = f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1"
+    run = await sandbox.verify(
+        tests_archive(task), command, task.verifier_timeout_s,
         user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything
-        env=dict(task.verifier_env),
-    )
-    logged = await sandbox.read_file(TEST_STDOUT, max_bytes=_LOG_READ_BYTES)
-    output = (logged or b"").decode("utf-8", "replace")
+        env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON), max_bytes=_LOG_READ_BYTES,
+    )  # fmt: skip
+    output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
-    if result.timed_out:
+    if run.result.timed_out:
         reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
         return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
-        reward, reason = await _read_reward(sandbox)
+        reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
     return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason)
+
+
+def tests_archive(task: Task) -> bytes:
+    """The tar the verifier's /tests is unpacked from: the tests folder (and Terminal-Bench 1's run-tests.sh)."""
+    from terminus_env.sandbox.sandbox import tar_dir
+
+    data = tar_dir(task.tests_dir, ".") if task.tests_dir.is_dir() else b""
+    if task.source_format != "terminal-bench-1":
+        return data
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        if data:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tests:
+                for member in tests.getmembers():
+                    archive.addfile(member, tests.extractfile(member) if member.isfile() else None)
+        script = task.verifier_script.read_bytes()
+        info = tarfile.TarInfo("run-tests.sh")
+        info.size, info.mode, info.mtime = len(script), 0o755, int(time.time())
+        archive.addfile(info, io.BytesIO(script))
+    return buffer.getvalue()
 
 
 async def apply_oracle(sandbox: Sandbox, task: Task) -> ExecResult:
@@ -92,34 +116,35 @@ async def apply_oracle(sandbox: Sandbox, task: Task) -> ExecResult:
 async def _prepare(sandbox: Sandbox, command: str) -> None:
     result = await sandbox.exec(command, timeout=_SETUP_TIMEOUT_S, user="root")
     if result.exit_code != 0 or result.timed_out:
-        raise TaskError(f"could not prepare the container for grading ({command!r}): {result.output[-500:]}")
+        detail = result.output[-500:]
+        raise TaskError(f"could not prepare the container for the reference solution ({command!r}): {detail}")
 
 
-async def _read_reward(sandbox: Sandbox) -> tuple[float, str | None]:
-    text = await sandbox.read_file(REWARD_TXT)
-    if text is not None:
-        return parse_reward_txt(text)
-    data = await sandbox.read_file(REWARD_JSON)
-    if data is not None:
-        return parse_reward_json(data)
+def read_reward(txt: bytes | None, json_data: bytes | None) -> tuple[float, str | None]:
+    """reward.txt wins over reward.json, as in Harbor; neither is a reward of 0, with the reason."""
+    if txt is not None:
+        return parse_reward_txt(txt)
+    if json_data is not None:
+        return parse_reward_json(json_data)
     return 0.0, f"the verifier wrote neither {REWARD_TXT} nor {REWARD_JSON}"
 
 
 def parse_reward_txt(data: bytes) -> tuple[float, str | None]:
-    """reward.txt holds one number."""
+    """reward.txt holds one decimal number in [0, 1], as JSON writes numbers (``1_0``, ``inf``, ``0x1`` are not)."""
     try:
-        reward = float(data.decode("utf-8").strip())
-    except (UnicodeDecodeError, ValueError):
-        return 0.0, f"{REWARD_TXT} does not hold a number: {data[:100]!r}"
-    if not math.isfinite(reward):
-        return 0.0, f"{REWARD_TXT} holds {reward}, not a finite number"
-    return reward, None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    reward = None if text is None else read_decimal(text)
+    if reward is None:
+        return 0.0, f"{REWARD_TXT} does not hold a decimal number: {data[:100]!r}"
+    return _in_range(reward, REWARD_TXT)
 
 
 def parse_reward_json(data: bytes) -> tuple[float, str | None]:
-    """reward.json is a dict of numbers: its `reward` key, else the mean of its values."""
+    """reward.json is a dict of numbers: its `reward` key, else the mean of its values; each in [0, 1]."""
     try:
-        values = json.loads(data)
+        values = json.loads(data, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         return 0.0, f"{REWARD_JSON} is not valid JSON: {exc}"
     if not isinstance(values, dict) or not values:
@@ -127,9 +152,22 @@ def parse_reward_json(data: bytes) -> tuple[float, str | None]:
     numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if len(numbers) != len(values) or not all(math.isfinite(v) for v in numbers):
         return 0.0, f"{REWARD_JSON} holds values that are not finite numbers: {data[:100]!r}"
+    for name, value in values.items():
+        if not 0.0 <= value <= 1.0:
+            return 0.0, f"{REWARD_JSON} value {name!r} is {value}, outside [0, 1]: counted as 0"
     if "reward" in values:
         return float(values["reward"]), None
     return sum(numbers) / len(numbers), None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+def _in_range(reward: float, where: str) -> tuple[float, str | None]:
+    if not 0.0 <= reward <= 1.0:
+        return 0.0, f"{where} holds {reward:g}, outside [0, 1]: counted as 0"
+    return reward, None
 
 
 def pytest_reward(output: str) -> tuple[float, str | None]:

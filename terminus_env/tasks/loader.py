@@ -16,6 +16,15 @@ from typing import Any
 
 import yaml
 
+from terminus_env.limits import (
+    MAX_CPUS,
+    MAX_MEMORY_MB,
+    MAX_STORAGE_MB,
+    MAX_TIMEOUT_S,
+    MIN_CPUS,
+    MIN_MEMORY_MB,
+    MIN_STORAGE_MB,
+)
 from terminus_env.tasks.task import Task, TaskError
 
 if sys.version_info >= (3, 11):
@@ -157,9 +166,9 @@ def _load_harbor(path: Path) -> Task:
         agent_timeout_s=agent.seconds("timeout_sec", None),
         verifier_timeout_s=verifier.seconds("timeout_sec", HARBOR_VERIFIER_TIMEOUT_S),
         build_timeout_s=environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S),
-        cpus=environment.positive("cpus"),
-        memory_mb=environment.megabytes("memory_mb", legacy="memory"),
-        storage_mb=environment.megabytes("storage_mb", legacy="storage"),
+        cpus=environment.bounded("cpus", MIN_CPUS, MAX_CPUS),
+        memory_mb=environment.megabytes("memory_mb", "memory", MIN_MEMORY_MB, MAX_MEMORY_MB),
+        storage_mb=environment.megabytes("storage_mb", "storage", MIN_STORAGE_MB, MAX_STORAGE_MB),
         allow_internet=environment.boolean("allow_internet", True),
         env=environment.string_map("env"),
         workdir=environment.string("workdir"),
@@ -275,20 +284,23 @@ class _Fields:
             raise self._error(key, f"must be true or false, not {value!r}")
         return value
 
-    def positive(self, key: str) -> float | None:
+    def bounded(self, key: str, low: float, high: float) -> float | None:
+        """A number in [low, high]; TOML and YAML give numbers typed, so strings are refused."""
         value = self.raw.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise self._error(key, f"must be a positive number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._error(key, f"must be a number between {_plain(low)} and {_plain(high)}, not {value!r}")
+        if not low <= value <= high:
+            raise self._error(key, f"is {value:g}, outside the usable range {_plain(low)} to {_plain(high)}")
         return float(value)
 
     def seconds(self, key: str, default: float | None) -> float | None:
-        value = self.positive(key)
+        value = self.bounded(key, 1e-3, MAX_TIMEOUT_S)
         return default if value is None else value
 
-    def megabytes(self, key: str, legacy: str) -> int | None:
-        value = self.positive(key)
+    def megabytes(self, key: str, legacy: str, low: int, high: int) -> int | None:
+        value = self.bounded(key, low, high)
         if value is not None:
             return int(value)
         size = self.raw.get(legacy)
@@ -297,7 +309,10 @@ class _Fields:
         match = _SIZE.match(size) if isinstance(size, str) else None
         if match is None or not match.group(2) or float(match.group(1)) <= 0:
             raise self._error(legacy, f"must be a size with a unit, like \"2G\" or \"512M\", not {size!r}")
-        return max(1, round(float(match.group(1)) * _MB_PER_UNIT[match.group(2).lower()]))
+        megabytes = max(1, round(float(match.group(1)) * _MB_PER_UNIT[match.group(2).lower()]))
+        if not low <= megabytes <= high:
+            raise self._error(legacy, f"is {size!r}, outside the usable range {low} MB to {high} MB")
+        return megabytes
 
     def string_map(self, key: str) -> dict[str, str]:
         table = self.raw.get(key, {})
@@ -310,3 +325,6 @@ class _Fields:
             result[str(name)] = str(value)
         return result
 
+
+def _plain(number: float) -> str:
+    return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"

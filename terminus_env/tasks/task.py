@@ -88,6 +88,7 @@ class Task:
             image=image,
             cpus=self.cpus,
             memory_mb=self.memory_mb,
+            storage_mb=self.storage_mb,
             allow_internet=self.allow_internet,
             env=dict(self.env),
             workdir=self.workdir,

@@ -1,0 +1,243 @@
+"""The rules of an episode, as pure functions: what a model's turn means, and what each way of ending implies.
+
+The env does the I/O (the terminal, grading) around two calls: :func:`judge_reply` before anything runs, and
+:func:`judge_after_commands` once the turn's commands ran. Both take the counters so far and return new ones,
+so every rule here is unit-tested without Docker, and the README's table of end reasons is generated from
+:class:`EndReason` (:func:`end_reason_table`) and checked against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+from terminus_env.protocol import ParsedReply, Strictness, parse_reply, prompts, salvage_truncated
+
+
+class _Named(str, Enum):
+    """A ``str`` that prints, formats, compares and serialises as its plain value on every Python version."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    __hash__ = str.__hash__  # so a dict keyed by members equals one keyed by the plain names
+
+
+class Fault(_Named):
+    """Whose doing an ending was. Only the infrastructure's faults may be masked by a trainer."""
+
+    NONE = "none"
+    AGENT = "agent"
+    INFRASTRUCTURE = "infrastructure"
+
+
+class EndReason(_Named):
+    """How an episode ended (``info["end_reason"]``); a ``str``, so it compares and serialises as its value."""
+
+    TASK_COMPLETE = "task_complete"
+    AGENT_TIMEOUT = "agent_timeout"
+    MAX_TURNS = "max_turns"
+    SHELL_LOST = "shell_lost"
+    FORMAT_ERROR = "format_error"
+    TURN_TRUNCATED = "turn_truncated"
+    CONTEXT_LIMIT = "context_limit"
+    RESOURCE_LIMIT = "resource_limit"
+    ENV_ERROR = "env_error"
+
+    @property
+    def graded(self) -> bool:
+        """The verifier runs and its reward counts; otherwise the reward is 0."""
+        return _ENDINGS[self][0]
+
+    @property
+    def truncated(self) -> bool:
+        """Gymnasium's ``truncated``: a time or turn limit ended the episode, not the task."""
+        return _ENDINGS[self][1]
+
+    @property
+    def fault(self) -> Fault:
+        return _ENDINGS[self][2]
+
+    @property
+    def masked(self) -> bool:
+        """A trainer should drop the episode: the infrastructure failed, so its reward says nothing of the model."""
+        return self.fault is Fault.INFRASTRUCTURE
+
+    @property
+    def event(self) -> str:
+        return _ENDINGS[self][3]
+
+
+_ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
+    EndReason.TASK_COMPLETE: (True, False, Fault.NONE, "`task_complete` confirmed (asked twice, as Terminus does)"),
+    EndReason.AGENT_TIMEOUT: (True, True, Fault.NONE, "the task's agent time limit passed"),
+    EndReason.MAX_TURNS: (True, True, Fault.NONE, "`max_turns` turns were played (rejected and truncated included)"),
+    EndReason.SHELL_LOST: (
+        True, False, Fault.AGENT,
+        "the agent broke its own terminal: `exit`, Ctrl-D, `kill -9 -1`, `tmux kill-server`",
+    ),
+    EndReason.FORMAT_ERROR: (False, False, Fault.AGENT, "strict only: a rejected turn (no `<response>`, or no "
+                             "`<commands>` while not complete)"),
+    EndReason.TURN_TRUNCATED: (False, False, Fault.AGENT, "strict only: a turn that filled the per-turn token limit"),
+    EndReason.CONTEXT_LIMIT: (False, False, Fault.AGENT, "the conversation no longer fits the model's context"),
+    EndReason.RESOURCE_LIMIT: (
+        False, False, Fault.AGENT,
+        "the agent exhausted its sandbox: wrote more than `storage_mb`, or left no pid or memory for the verifier",
+    ),
+    EndReason.ENV_ERROR: (
+        False, False, Fault.INFRASTRUCTURE,
+        "the container or its control daemon was lost, Docker failed, a sandbox did not start",
+    ),
+}  # fmt: skip
+
+
+def end_reason_table() -> str:
+    """The README's table of end reasons, from the rules themselves."""
+    rows = ["| `end_reason` | what happened | graded | `truncated` | whose fault | masked |", "| --- " * 6 + "|"]
+    for reason in EndReason:
+        yes = {True: "yes", False: "no, reward 0"}
+        rows.append(
+            f"| `{reason.value}` | {reason.event} | {yes[reason.graded]} | {str(reason.truncated).lower()} "
+            f"| {reason.fault.value} | {'yes' if reason.masked else 'no'} |"
+        )
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A model reply with what the inference engine reported about it."""
+
+    text: str
+    finish_reason: str = "stop"
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            kind = type(self.text).__name__
+            hint = " (decode bytes first)" if isinstance(self.text, (bytes, bytearray)) else ""
+            raise TypeError(f"Reply.text must be a str, not {kind}{hint}")
+        if not isinstance(self.finish_reason, str):
+            raise TypeError(f"Reply.finish_reason must be a str, not {type(self.finish_reason).__name__}")
+        for name in ("completion_tokens", "prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise TypeError(f"Reply.{name} must be a non-negative int or None, not {value!r}")
+
+
+def as_reply(action: object) -> Reply:
+    """The env's action as a Reply; anything but a str or a Reply is refused before the episode changes."""
+    if isinstance(action, Reply):
+        return action
+    if isinstance(action, str):
+        return Reply(text=action)
+    hint = " (decode bytes first)" if isinstance(action, (bytes, bytearray)) else ""
+    raise TypeError(f"an action is the model's reply: a str or a terminus_env.Reply, not {type(action).__name__}{hint}")
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """What bounds a turn and an episode, besides the task's time limit."""
+
+    strictness: Strictness
+    max_turn_tokens: int = 16384
+    max_context_tokens: int | None = None
+    max_turns: int | None = None
+    confirm_completion: bool = True
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What the env counts over an episode; ``info`` and the episode summary report them."""
+
+    turn: int = 0
+    format_errors: int = 0
+    opening_streak: int = 0  # rejected turns at the start of the episode
+    opened: bool = False  # an accepted turn ends the opening streak for good
+    truncated_turns: int = 0
+    warnings: int = 0
+    awaiting_confirmation: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a turn means. Exactly one of ``end`` (the episode ends), ``run`` (run these commands) and ``feedback``
+    (nothing runs; this is the next observation) is set, except after commands, where neither may be."""
+
+    counters: Counters
+    end: EndReason | None = None
+    run: ParsedReply | None = None
+    feedback: str | None = None
+    confirm: bool = False  # after commands: ask the model to confirm completion
+    format_error: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def judge_reply(reply: Reply, counters: Counters, limits: TurnLimits, *, out_of_time: bool) -> Verdict:
+    """The meaning of a reply before anything runs: end the episode, run its commands, or feed back an error."""
+    counters = dataclasses.replace(counters, turn=counters.turn + 1)
+    if _context_exceeded(reply, limits):
+        return Verdict(counters, end=EndReason.CONTEXT_LIMIT)
+    if out_of_time:  # the model's own thinking time counts, as in Harbor
+        return Verdict(counters, end=EndReason.AGENT_TIMEOUT)
+    text, salvage_warning = reply.text, ()
+    if _turn_truncated(reply, limits):
+        counters = dataclasses.replace(counters, truncated_turns=counters.truncated_turns + 1)
+        if limits.strictness.strict_truncation:
+            return Verdict(counters, end=EndReason.TURN_TRUNCATED)
+        salvaged = salvage_truncated(text)
+        if salvaged is None:
+            counters = dataclasses.replace(counters, opened=True, awaiting_confirmation=False)
+            return _within_turns(Verdict(counters, feedback=prompts.truncated_feedback(limits.max_turn_tokens)), limits)
+        text = salvaged
+        salvage_warning = ("The reply hit the token limit; only the part up to </response> was used.",)
+    parsed = parse_reply(text)
+    warnings = salvage_warning + tuple(parsed.warnings)
+    counters = dataclasses.replace(counters, warnings=counters.warnings + len(warnings))
+    if parsed.error is not None:
+        counters = dataclasses.replace(
+            counters,
+            format_errors=counters.format_errors + 1,
+            opening_streak=counters.opening_streak + (0 if counters.opened else 1),
+            awaiting_confirmation=False,
+        )
+        if limits.strictness.strict_format:
+            return Verdict(counters, end=EndReason.FORMAT_ERROR, format_error=parsed.error, warnings=warnings)
+        feedback = prompts.rejected_feedback(parsed)
+        return _within_turns(Verdict(counters, feedback=feedback, format_error=parsed.error, warnings=warnings), limits)
+    return Verdict(dataclasses.replace(counters, opened=True), run=parsed, warnings=warnings)
+
+
+def judge_after_commands(
+    parsed: ParsedReply, counters: Counters, limits: TurnLimits, *, out_of_time: bool, warnings: tuple[str, ...] = ()
+) -> Verdict:
+    """After a turn's commands ran: the time limit, a confirmed completion, or a request to confirm it."""
+    if out_of_time:
+        return Verdict(counters, end=EndReason.AGENT_TIMEOUT, warnings=warnings)
+    if parsed.task_complete and (not limits.confirm_completion or counters.awaiting_confirmation):
+        return Verdict(counters, end=EndReason.TASK_COMPLETE, warnings=warnings)
+    counters = dataclasses.replace(counters, awaiting_confirmation=parsed.task_complete)
+    return _within_turns(Verdict(counters, confirm=parsed.task_complete, warnings=warnings), limits)
+
+
+def _within_turns(verdict: Verdict, limits: TurnLimits) -> Verdict:
+    if limits.max_turns is not None and verdict.counters.turn >= limits.max_turns:
+        return dataclasses.replace(verdict, end=EndReason.MAX_TURNS, feedback=None, confirm=False)
+    return verdict
+
+
+def _context_exceeded(reply: Reply, limits: TurnLimits) -> bool:
+    if reply.finish_reason == "context_length":
+        return True
+    limit = limits.max_context_tokens
+    return limit is not None and reply.prompt_tokens is not None and reply.prompt_tokens > limit
+
+
+def _turn_truncated(reply: Reply, limits: TurnLimits) -> bool:
+    if reply.finish_reason == "length":
+        return True
+    return reply.completion_tokens is not None and reply.completion_tokens >= limits.max_turn_tokens

@@ -1,0 +1,1195 @@
+"""The code that runs INSIDE a sandbox container (stdlib only, Python >= 3.6, Linux x86_64 or aarch64).
+
+It plays two parts, chosen by its first argument:
+
+``main``: the container's main process. Before anything of the task runs, it splits the container in two:
+  - the agent's side: a new PID and mount namespace whose init ("the agent's init") starts the image's
+    ENTRYPOINT with the keep-alive command, then reaps orphans. Everything the agent ever runs lives there: the
+    tmux terminal, its shell, whatever that shell starts, and the reference solution. It gets its own /proc, so
+    it sees only its own processes, with Docker's masks of /proc copied over;
+  - the host's side (the container's first namespaces): this process, the control daemon and the verifier.
+    Here /tests, /logs/verifier and /run/terminus are fresh tmpfs mounts that exist in this mount namespace
+    only; the agent's side sees the plain, empty folders underneath.
+  It keeps the container alive for the sandbox's lifetime, then exits, which ends the container.
+
+``daemon``: the control daemon. The host starts it once per container with one long-lived ``docker exec`` and
+  talks to it over the exec's stdin/stdout: one JSON object per line each way, matched by ``id``. Every tmux
+  operation, command and verifier run is one round trip (a few ms) instead of a new ``docker exec`` (about 75 ms).
+  Requests run on a fixed pool of threads, so a fork bomb that exhausts the pids limit cannot stop it answering.
+  When its stdin closes, the owner process is gone (even after SIGKILL the kernel closes its socket), so it stops
+  the container.
+
+Why the agent cannot forge a reply or a reward: the daemon and the verifier are invisible from the agent's PID
+namespace (and the daemon is not dumpable besides), so their pipes and files cannot be opened through /proc; the
+verifier's /tests and /logs/verifier are mounts the agent's side does not have; and every process started for the
+agent or the verifier runs with Docker's default capabilities and seccomp rules for a container without
+CAP_SYS_ADMIN. Only the daemon keeps CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SETPCAP (to enter the agent's
+namespaces and drop capabilities for what it starts); it never runs a program and imports nothing once the agent
+exists, so no file the agent can write ever runs with them.
+
+The host sends the daemon's source as the first line on its stdin; this file must not import terminus_env.
+"""
+
+import base64
+import ctypes
+import errno
+import fcntl
+import grp
+import io
+import json
+import linecache  # noqa: F401 - loaded now: tracebacks read source lines, and no import may happen later
+import os
+import pwd
+import queue
+import resource
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tarfile
+import threading
+import time
+import traceback
+import warnings
+
+FIONREAD = 0x541B
+TIOCOUTQ = 0x5411
+POLL_S = 0.002
+WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
+AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes
+CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"  # the main process's source arrives in this variable (see channel.py)
+RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the agent's init pid and how the entrypoint started
+PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
+                  ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
+# Only the daemon keeps these; everything it or the main process starts runs without them.
+DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP")
+
+# ----- the kernel's interfaces, through libc ------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+SECCOMP_MODE_FILTER = 2
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+CLONE_NAMESPACES = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)  # fmt: skip
+CAPABILITIES = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE NET_BIND_SERVICE "
+    "NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT "
+    "SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+    "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE"
+).split()
+
+
+def _ok(result, what):
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, "{}: {}".format(what, os.strerror(code)))
+
+
+def prctl(option, arg2=0):
+    _ok(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+        "prctl({})".format(option))  # fmt: skip
+
+
+def unshare(flags):
+    _ok(_libc.unshare(flags), "unshare")
+
+
+def setns(fd, nstype):
+    _ok(_libc.setns(fd, nstype), "setns")
+
+
+def mount(source, target, fstype, flags, data=None):
+    def c(text):
+        return None if text is None else text.encode()
+
+    _ok(_libc.mount(c(source), c(target), c(fstype), ctypes.c_ulong(flags), c(data)), "mount " + target)
+
+
+def capset(caps):
+    """Effective and permitted become exactly ``caps`` (numbers); inheritable becomes empty."""
+    mask = 0
+    for cap in caps:
+        mask |= 1 << cap
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = struct.pack("6I", mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0, mask >> 32, mask >> 32, 0)
+    _ok(_libc.capset(ctypes.c_char_p(header), ctypes.c_char_p(data)), "capset")
+
+
+def own_capabilities():
+    """The capability numbers in this process's bounding set."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("CapBnd:"):
+                bits = int(line.split()[1], 16)
+                return {cap for cap in range(64) if bits >> cap & 1}
+    raise OSError(errno.ENOENT, "no CapBnd in /proc/self/status")
+
+
+# ----- seccomp: Docker's rules for a container without CAP_SYS_ADMIN, on top of the container's own -----------
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7}
+# The syscalls Docker's default profile allows only with CAP_SYS_ADMIN, by ABI. clone is allowed without
+# namespace flags; clone3 cannot be inspected, so it answers ENOSYS and libc falls back to clone.
+_SYSCALLS = {
+    # name: (x86_64, i386, aarch64); None where the ABI has no such call
+    "clone": (56, 120, 220), "clone3": (435, 435, 435), "unshare": (272, 310, 97), "setns": (308, 346, 268),
+    "mount": (165, 21, 40), "umount": (None, 22, None), "umount2": (166, 52, 39), "pivot_root": (155, 217, 41),
+    "bpf": (321, 357, 280), "perf_event_open": (298, 336, 241), "fanotify_init": (300, 338, 262),
+    "lookup_dcookie": (212, 253, 18), "name_to_handle_at": (303, 341, 264), "quotactl": (179, 131, 60),
+    "quotactl_fd": (443, 443, 443), "setdomainname": (171, 121, 162), "sethostname": (170, 74, 161),
+    "syslog": (103, 103, 116), "open_tree": (428, 428, 428), "move_mount": (429, 429, 429),
+    "fsopen": (430, 430, 430), "fsconfig": (431, 431, 431), "fsmount": (432, 432, 432), "fspick": (433, 433, 433),
+    "mount_setattr": (442, 442, 442),
+}  # fmt: skip
+_ABI_COLUMN = {"x86_64": 0, "i386": 1, "aarch64": 2}
+_NATIVE_ABIS = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64",)}
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+def seccomp_program(machine=None):
+    """A classic BPF program (bytes of struct sock_filter) denying the calls above on this machine's ABIs.
+
+    Calls from an ABI the machine does not natively run answer ENOSYS, as do x32 calls on x86_64.
+    """
+    machine = machine or os.uname().machine
+    if machine not in _NATIVE_ABIS:
+        raise OSError(errno.ENOSYS, "unsupported machine {!r}: the sandbox runs on x86_64 or aarch64".format(machine))
+    code, labels = [], {}
+
+    def emit(op, k=0, jt=None, jf=None):
+        code.append([op, jt, jf, k])
+
+    abis = _NATIVE_ABIS[machine]
+    emit(_LD_W_ABS, 4)  # seccomp_data.arch
+    for abi in abis:
+        emit(_JEQ, AUDIT_ARCH[abi], jt="abi:" + abi)
+    emit(_RET, _ERRNO | errno.ENOSYS)
+    for abi in abis:
+        labels["abi:" + abi] = len(code)
+        emit(_LD_W_ABS, 0)  # seccomp_data.nr
+        if abi == "x86_64":
+            emit(_JGE, 0x40000000, jt="enosys")  # the x32 ABI
+        column = _ABI_COLUMN[abi]
+        for name, numbers in sorted(_SYSCALLS.items()):
+            nr = numbers[column]
+            if nr is None:
+                continue
+            target = {"clone": "clone:" + abi, "clone3": "enosys"}.get(name, "eperm")
+            emit(_JEQ, nr, jt=target)
+        emit(_RET, _ALLOW)
+        labels["clone:" + abi] = len(code)
+        emit(_LD_W_ABS, 16)  # the low half of args[0]: clone's flags on these little-endian ABIs
+        emit(_JSET, CLONE_NAMESPACES, jt="eperm")
+        emit(_RET, _ALLOW)
+    labels["eperm"] = len(code)
+    emit(_RET, _ERRNO | errno.EPERM)
+    labels["enosys"] = len(code)
+    emit(_RET, _ERRNO | errno.ENOSYS)
+    out = []
+    for index, (op, jt, jf, k) in enumerate(code):
+        jumps = [0 if label is None else labels[label] - index - 1 for label in (jt, jf)]
+        if not all(0 <= jump < 256 for jump in jumps):
+            raise OverflowError("seccomp jump out of range")
+        out.append(struct.pack("HBBI", op, jumps[0], jumps[1], k))
+    return b"".join(out)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program):
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    _ok(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_void_p(ctypes.addressof(fprog)),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl(PR_SET_SECCOMP)")  # fmt: skip
+
+
+def confine(keep, program):
+    """Keep only the capabilities ``keep`` for good (bounding, effective, permitted), then add the filter."""
+    for cap in sorted(own_capabilities() - keep):
+        prctl(PR_CAPBSET_DROP, cap)
+    try:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError:  # kernels before 4.3 have no ambient set
+        pass
+    capset(keep & own_capabilities())
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    install_seccomp(program)
+
+
+def agent_capabilities():
+    """What the agent's side keeps: the container's capabilities without the daemon's."""
+    return own_capabilities() - {CAPABILITIES.index(name) for name in DAEMON_ONLY_CAPS}
+
+
+# ----- processes -------------------------------------------------------------------------------------------------
+
+
+def _stat_fields(pid):
+    """Fields of /proc/<pid>/stat after the command name (state is [0], ppid [1], pgrp [2], session [3])."""
+    with open("/proc/{}/stat".format(pid)) as handle:
+        return handle.read().rsplit(")", 1)[1].split()
+
+
+def _pids():
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def descendants(root):
+    """Pids of every process below ``root``, found through /proc."""
+    children = {}
+    for pid in _pids():
+        try:
+            children.setdefault(int(_stat_fields(pid)[1]), []).append(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(root):
+    """SIGKILL ``root``, everything below it and every process in their sessions, until none is left."""
+    for _ in range(50):  # a fork bomb adds members while we kill; repeat until the tree is empty
+        members = set([root] + descendants(root))
+        sessions = set()
+        for pid in members:
+            try:
+                fields = _stat_fields(pid)
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == pid:
+                sessions.add(pid)
+        for pid in _pids():
+            try:
+                if pid in members or int(_stat_fields(pid)[3]) in sessions:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                continue
+        if not any(os.path.exists("/proc/{}".format(pid)) and not _zombie(pid) for pid in members):
+            return
+        time.sleep(0.01)
+
+
+def _zombie(pid):
+    try:
+        return _stat_fields(pid)[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def credentials(user):
+    """(uid, gid, groups, home, name) for 'name', 'uid', 'name:group' or 'uid:gid'.
+
+    Called only in a confined child: the lookup may load NSS modules from files the agent can write.
+    """
+    name, _, group = user.partition(":")
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except KeyError:
+        if not name.isdigit():
+            raise ValueError("no user {!r} in the container".format(name)) from None
+        entry = None
+    uid = entry.pw_uid if entry else int(name)
+    if group:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    else:
+        gid = entry.pw_gid if entry else uid
+    groups = os.getgrouplist(entry.pw_name, gid) if entry else [gid]
+    home = entry.pw_dir if entry else "/"
+    return uid, gid, groups, home, entry.pw_name if entry else str(uid)
+
+
+class SpawnError(Exception):
+    """A process could not be started: which step failed, and why (``errno`` when the kernel refused a fork)."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.errno = code
+
+
+class Child:
+    """A process the daemon started; for the agent's side, ``pid`` is the helper that waits for it."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.code = None  # exit code, or 128 + signal
+
+    def poll(self):
+        if self.code is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.code = 255
+                return self.code
+            if pid:
+                self.code = _exit_code(status)
+        return self.code
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
+        return self.code
+
+    def kill(self):
+        kill_tree(self.pid)
+        self.wait()
+
+
+def _exit_code(status):
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+class Spawner:
+    """Starts programs on the agent's side (in its namespaces) or the host's side, always confined."""
+
+    def __init__(self, agent_init, program, file_limit=0):
+        self.program = program
+        self.agent_rlimits = ((resource.RLIMIT_FSIZE, file_limit),) if file_limit else ()
+        self.agent_caps = agent_capabilities()
+        self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        self.namespaces = None
+        if agent_init is not None:
+            self.namespaces = [
+                (os.open("/proc/{}/ns/{}".format(agent_init, kind), os.O_RDONLY | os.O_CLOEXEC), flag)
+                for kind, flag in (("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS))
+            ]
+
+    def spawn(self, argv, side, stdio, user=None, env=None, cwd=None, rlimits=()):
+        """Start ``argv`` with ``stdio`` (three fds, or None for /dev/null); raise SpawnError if it cannot start."""
+        stdio = [self.devnull if fd is None else fd for fd in stdio]
+        environ = dict(os.environ)
+        environ.update(env or {})
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            raise SpawnError("fork: {}".format(exc), exc.errno) from None
+        if pid == 0:  # only async-safe work from here: no locks, no imports, never return
+            try:
+                keep = [write_end] + stdio
+                _close_fds_except(keep + ([fd for fd, _ in self.namespaces] if side == "agent" else []))
+                if side == "agent":
+                    for fd, flag in self.namespaces:
+                        setns(fd, flag)
+                        os.close(fd)
+                    grandchild = os.fork()  # the first process that is inside the agent's PID namespace
+                    if grandchild == 0:
+                        limits = tuple(rlimits) + self.agent_rlimits
+                        self._become(argv, stdio, user, environ, cwd, limits, write_end, AGENT_OOM_SCORE)
+                    os.close(write_end)
+                    for fd in set(stdio):
+                        os.close(fd)
+                    os._exit(_exit_code(os.waitpid(grandchild, 0)[1]))
+                self._become(argv, stdio, user, environ, cwd, rlimits, write_end, 0)
+            except BaseException as exc:  # noqa: BLE001 - report and leave; never unwind into the daemon
+                _report_and_exit(write_end, "setns", exc)
+        os.close(write_end)
+        message = b""
+        while True:
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            message += chunk
+        os.close(read_end)
+        if message:
+            Child(pid).wait()
+            raise SpawnError(message.decode("utf-8", "replace"))
+        return Child(pid)
+
+    def _become(self, argv, stdio, user, environ, cwd, rlimits, report, oom_score):
+        stage = "stdio"
+        try:
+            copies = [os.dup(fd) for fd in stdio]
+            for target, fd in enumerate(copies):
+                os.dup2(fd, target)
+            _close_fds_except([0, 1, 2, report])
+            stage = "session"
+            os.setsid()
+            _restore_signals()
+            stage = "oom score"
+            with open("/proc/self/oom_score_adj", "w") as handle:  # while capable, so the floor moves too
+                handle.write(str(oom_score))
+            stage = "confine"
+            confine(self.agent_caps, self.program)
+            stage = "limits"
+            for which, value in rlimits:
+                resource.setrlimit(which, (value, value))
+            if user:
+                stage = "user"
+                uid, gid, groups, home, name = credentials(user)
+                environ.update(HOME=home, USER=name, LOGNAME=name)
+                os.setgroups(groups)
+                os.setgid(gid)
+                os.setuid(uid)
+            if cwd:
+                stage = "workdir"
+                os.chdir(cwd)
+            stage = "exec"
+            os.execvpe(argv[0], argv, environ)
+        except BaseException as exc:  # noqa: BLE001 - report and leave; never unwind into the daemon
+            _report_and_exit(report, stage, exc)
+
+
+def _restore_signals():
+    """Programs expect default dispositions; Python set SIGPIPE and SIGXFSZ to ignore, and inits ignore more."""
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            signal.signal(number, signal.SIG_DFL)
+
+
+def stream_pair():
+    """(ours, theirs): the two ends of a stream for a child's stdio. A socket pair, not a pipe: a pipe can be
+    opened again through /proc/<pid>/fd by anyone who can see the child, a socket cannot, so nothing on the
+    agent's side can write into what the daemon reads or sends."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return ours.detach(), theirs.detach()
+
+
+def _close_fds_except(keep):
+    keep = set(keep)
+    for entry in os.listdir("/proc/self/fd"):
+        fd = int(entry)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _report_and_exit(fd, stage, exc):
+    try:
+        os.write(fd, "{}: {}: {}".format(stage, type(exc).__name__, exc).encode("utf-8", "replace")[:4000])
+    finally:
+        os._exit(127)
+
+
+# ----- part 1: the container's main process ----------------------------------------------------------------------
+
+
+def main_process(argv):
+    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES -- COMMAND...``: split the container, run COMMAND on the
+    agent's side (a file limit of 0 sets none)."""
+    lifetime, handover, file_limit = float(argv[0]), float(argv[1]), int(argv[2])
+    command = argv[4:]
+    deadline = time.monotonic() + lifetime
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    program = seccomp_program()
+    keep = agent_capabilities()
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted on either side reaches the other
+    for path, _ in PRIVATE_MOUNTS:
+        os.makedirs(path, exist_ok=True)
+    read_end, write_end = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        try:
+            os.close(read_end)
+            unshare(CLONE_NEWNS | CLONE_NEWPID)
+            init = os.fork()
+            if init == 0:
+                agent_init(command, handover, keep, program, write_end, file_limit)
+            os.write(write_end, "pid {}\n".format(init).encode())
+            os.close(write_end)
+            os._exit(_exit_code(os.waitpid(init, 0)[1]))
+        except BaseException as exc:  # noqa: BLE001
+            _report_and_exit(write_end, "agent namespaces", exc)
+    os.close(write_end)
+    report = b""
+    mounted = False
+    while True:
+        chunk = os.read(read_end, 4096)
+        if not chunk:
+            break
+        report += chunk
+        if not mounted and b"pid " in report:  # the helper has unshared: the agent's side keeps the bare folders
+            for path, options in PRIVATE_MOUNTS:
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            mounted = True
+    os.close(read_end)
+    _write_atomically(os.path.join(RUN_DIR, "agent-init"), report)
+    confine(keep, program)
+    sys.stderr.write("terminus-env: " + report.decode("utf-8", "replace"))
+    sys.stderr.flush()
+    while time.monotonic() < deadline:  # the lifetime backstop: the container ends with this process
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+        if not pid:
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+    os._exit(0)
+
+
+def agent_init(command, handover, keep, program, report, file_limit):
+    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined, then reap orphans for ever."""
+    try:
+        _mount_proc()
+        if file_limit:  # inherited by everything the agent's side starts from here
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(number, signal.SIG_IGN)  # as a namespace init, anything else sent from inside is dropped
+        confine(keep, program)
+        main = os.fork()
+        if main == 0:
+            try:
+                with open("/proc/self/oom_score_adj", "w") as handle:
+                    handle.write(str(AGENT_OOM_SCORE))
+                _restore_signals()
+                os.close(report)
+                os.execvp(command[0], command)
+            except BaseException as exc:  # noqa: BLE001
+                sys.stderr.write("terminus-env: cannot start {!r}: {}\n".format(command, exc))
+                os._exit(127)
+    except BaseException as exc:  # noqa: BLE001
+        _report_and_exit(report, "agent init", exc)
+    _report_handover(command, main, handover, report)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(1.0)
+        except OSError:
+            time.sleep(0.1)
+
+
+def _report_handover(command, main, handover, report):
+    """Say whether the image's ENTRYPOINT handed over to the keep-alive command (its last words), then stop
+    listening: after this the agent runs, and nothing from this process is trusted any more."""
+    deadline = time.monotonic() + handover
+    keep_alive = command[-2:]
+    verdict = "no-handover"
+    while time.monotonic() < deadline:
+        pid, status = os.waitpid(main, os.WNOHANG)
+        if pid:
+            verdict = "exited {}".format(_exit_code(status))
+            break
+        if _running_in_namespace(keep_alive):
+            verdict = "ready"
+            break
+        time.sleep(0.01)
+    try:
+        os.write(report, "handover {}\n".format(verdict).encode())
+    finally:
+        os.close(report)
+
+
+def _running_in_namespace(argv):
+    wanted = "\0".join(argv).encode() + b"\0"
+    for pid in _pids():
+        try:
+            with open("/proc/{}/cmdline".format(pid), "rb") as handle:
+                if handle.read() == wanted:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _mount_proc():
+    """A /proc for the new PID namespace, with the container's masks over it again (read-only parts, hidden files)."""
+    masks = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            if point.startswith("/proc/"):
+                fstype = fields[fields.index("-") + 1]
+                masks.append((point, fstype, "ro" in fields[5].split(","), os.path.isdir(point)))
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for point, fstype, readonly, is_dir in masks:
+        if not os.path.exists(point):
+            continue
+        if fstype == "proc":
+            mount(point, point, None, MS_BIND | MS_REC)
+            if readonly:
+                mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        elif is_dir:
+            mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
+        else:
+            mount("/dev/null", point, None, MS_BIND)
+
+
+def _write_atomically(path, data):
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+    os.rename(temporary, path)
+
+
+# ----- part 2: the control daemon --------------------------------------------------------------------------------
+
+
+class CappedBuffer:
+    """Keeps the first and last ``limit // 2`` bytes of a stream and counts what falls between."""
+
+    def __init__(self, limit):
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.omitted = 0
+
+    def add(self, data):
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        extra = len(self.tail) - self.half
+        if extra > 0:
+            del self.tail[:extra]
+            self.omitted += extra
+
+
+class Daemon:
+    """The daemon's state: how to start processes, the agent's init, and the terminal's tmux clients."""
+
+    def __init__(self, agent_init, file_limit=0):
+        self.agent_init = agent_init
+        self.spawner = Spawner(agent_init, seccomp_program(), file_limit)
+        self.tmux = Tmux(self.spawner)
+        self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
+
+    def run(self, argv, side, timeout, user=None, env=None, cwd=None, max_output=1000000):
+        """Run argv to its end (or the timeout, which kills what it started); collect its output, capped."""
+        buffer = CappedBuffer(int(max_output))
+        start = time.monotonic()
+        read_end, write_end = stream_pair()
+        try:
+            child = self.spawner.spawn(argv, side, (None, write_end, write_end), user=user, env=env, cwd=cwd)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        try:
+            deadline = start + float(timeout)
+            timed_out, open_ = False, True
+            while child.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    child.kill()
+                    break
+                if open_:
+                    open_ = _drain(read_end, buffer, min(left, 0.05))
+                else:
+                    time.sleep(min(left, 0.005))
+            # Background children may hold the pipe open; stop reading shortly after the command is done.
+            end = time.monotonic() + 1.0
+            while open_ and time.monotonic() < end:
+                open_ = _drain(read_end, buffer, end - time.monotonic())
+        finally:
+            os.close(read_end)
+        return {
+            "exit_code": 124 if timed_out else child.code,
+            "timed_out": timed_out,
+            "head": buffer.head.decode("utf-8", "replace"),
+            "tail": buffer.tail.decode("utf-8", "replace"),
+            "omitted": buffer.omitted,
+            "duration_s": time.monotonic() - start,
+        }
+
+    def pane_pid(self, ns_pid):
+        """The pane shell's pid in this namespace, from its pid in the agent's (what tmux reports)."""
+        known = self.panes.get(ns_pid)
+        if known is not None and _ns_pids(known)[-1:] == [ns_pid]:
+            return known
+        for pid in _pids():
+            levels = _ns_pids(pid)
+            if len(levels) == 2 and levels[1] == ns_pid:
+                self.panes[ns_pid] = pid
+                return pid
+        return None
+
+
+def _ns_pids(pid):
+    try:
+        with open("/proc/{}/status".format(pid)) as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return [int(value) for value in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _drain(fd, buffer, wait_s):
+    """Read what ``fd`` has within ``wait_s``; False at end of file."""
+    ready, _, _ = select.select([fd], [], [], max(wait_s, 0))
+    if not ready:
+        return True
+    chunk = os.read(fd, 65536)
+    buffer.add(chunk)
+    return bool(chunk)
+
+
+def control_quote(arg):
+    """A double-quoted argument for tmux's command parser (used by control mode)."""
+    out = ['"']
+    for ch in arg:
+        if ch in '\\"$':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append("\\{:03o}".format(ord(ch)))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+class ControlClient:
+    """A tmux control-mode client kept attached, so a tmux command costs a line on a pipe, not a fork.
+
+    It runs on the agent's side, so the agent can write into its pipes: what it answers only ever feeds the
+    agent's own terminal operations, and nothing it sends can stop the daemon. Each command answers with a
+    %begin/%end (or %error) block; notifications outside blocks are skipped; pane output is switched off.
+    """
+
+    def __init__(self, spawner, tmux, target, user):
+        ours, theirs = stream_pair()
+        try:
+            self.child = spawner.spawn(tmux + ["-C", "attach-session", "-t", target], "agent",
+                                       (theirs, theirs, None), user=user)  # fmt: skip
+        except BaseException:
+            os.close(ours)
+            raise
+        finally:
+            os.close(theirs)
+        self.stdin = ours
+        self.stdout = os.fdopen(os.dup(ours), "rb")
+        self.lock = threading.Lock()
+        self.blocks = queue.Queue()
+        threading.Thread(target=self.read_blocks, daemon=True).start()
+        self.run([["refresh-client", "-f", "no-output"]])
+
+    def read_blocks(self):
+        current, begin = None, None
+        try:
+            for raw in self.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if current is None:
+                    if line.startswith("%begin "):
+                        current, begin = [], line.split()
+                    continue
+                words = line.split()
+                if words[:1] in (["%end"], ["%error"]) and words[1:3] == begin[1:3]:
+                    if begin[3:4] == ["1"]:  # flag 1: the answer to one of our commands
+                        self.blocks.put((words[0] == "%end", current))
+                    current = None
+                else:
+                    current.append(line)
+        except (OSError, ValueError):
+            pass
+        self.blocks.put(None)
+
+    def run(self, commands):
+        """(ok, output) of a list of commands run as one tmux command list (atomically)."""
+        line = " ; ".join(" ".join(control_quote(arg) for arg in command) for command in commands)
+        with self.lock:
+            data = line.encode("utf-8", "surrogateescape") + b"\n"
+            while data:
+                data = data[os.write(self.stdin, data) :]
+            output, ok = [], True
+            for _ in commands:
+                block = self.blocks.get(timeout=30)
+                if block is None:
+                    raise EOFError("the tmux control client exited")
+                ok, lines = block
+                output.extend(lines)
+                if not ok:
+                    break
+        return ok, "".join(line + "\n" for line in output)
+
+    def alive(self):
+        return self.child.poll() is None
+
+    def close(self):
+        for closing in (lambda: os.close(self.stdin), self.stdout.close, self.child.kill):
+            try:
+                closing()
+            except OSError:
+                pass
+
+
+class Tmux:
+    """Runs tmux commands for one session: through a control client, or a tmux process per call as fallback."""
+
+    def __init__(self, spawner):
+        self.spawner = spawner
+        self.lock = threading.Lock()
+        self.clients = {}
+
+    def run(self, req, commands):
+        key = (tuple(req["tmux"]), req["target"], req.get("user"))
+        try:
+            return self.client(key).run(commands)
+        except (OSError, EOFError, SpawnError, queue.Empty):
+            self.drop(key)
+        return self.run_process(req, commands)
+
+    def client(self, key):
+        with self.lock:
+            client = self.clients.get(key)
+            if client is None or not client.alive():
+                client = self.clients[key] = ControlClient(self.spawner, list(key[0]), key[1], key[2])
+            return client
+
+    def drop(self, key):
+        with self.lock:
+            client = self.clients.pop(key, None)
+        if client is not None:
+            client.close()
+
+    def run_process(self, req, commands):
+        argv = list(req["tmux"])
+        for index, command in enumerate(commands):
+            # As argv, an argument ending in ';' separates commands, and a final '\\;' means ';'.
+            argv += ([";"] if index else []) + [arg[:-1] + "\\;" if arg.endswith(";") else arg for arg in command]
+        return self.spawn_tmux(argv, req.get("user"))
+
+    def spawn_tmux(self, argv, user):
+        out_read, out_write = stream_pair()
+        err_read, err_write = stream_pair()
+        try:
+            child = self.spawner.spawn(argv, "agent", (None, out_write, err_write), user=user)
+        except BaseException:
+            os.close(out_read)
+            os.close(err_read)
+            raise
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        out, err = CappedBuffer(4000000), CappedBuffer(100000)
+        with os.fdopen(out_read, "rb") as out_file, os.fdopen(err_read, "rb") as err_file:
+            streams = {out_file.fileno(): out, err_file.fileno(): err}
+            deadline = time.monotonic() + 30
+            while streams and time.monotonic() < deadline:
+                ready, _, _ = select.select(list(streams), [], [], 0.5)
+                for fd in ready:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        streams[fd].add(chunk)
+                    else:
+                        del streams[fd]
+        code = child.wait(5)
+        if code is None:
+            child.kill()
+            code = child.code
+        text = (bytes(out.head) + bytes(out.tail)).decode("utf-8", "replace")
+        error = (bytes(err.head) + bytes(err.tail)).decode("utf-8", "replace")
+        return code == 0, text if code == 0 else error
+
+
+class ShellExited(Exception):
+    """The pane's shell is a zombie: it exited and tmux has not reaped it yet."""
+
+
+class Shell:
+    """What /proc and the pty say about the shell in the tmux pane."""
+
+    def __init__(self, pid, tty):
+        if not (tty.startswith("/dev/pts/") and tty[len("/dev/pts/") :].isdigit()):
+            raise ShellExited()  # tmux reported something that is not a pane's terminal
+        self.pid = pid
+        self.tty = os.open(tty, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def close(self):
+        os.close(self.tty)
+
+    def switches(self):
+        total = 0
+        with open("/proc/{}/status".format(self.pid)) as handle:
+            for line in handle:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+        return total
+
+    def queued(self, request):
+        return struct.unpack("i", fcntl.ioctl(self.tty, request, b"\0\0\0\0"))[0]
+
+    def idle(self, before):
+        """At its prompt: asleep, owning the terminal, has run since the keys were sent, no bytes in flight."""
+        fields = _stat_fields(self.pid)
+        state, pgrp, tpgid = fields[0], int(fields[2]), int(fields[5])
+        if state in "ZX":
+            raise ShellExited()
+        if state != "S" or tpgid != pgrp:
+            return False
+        if before is not None and self.switches() == before:
+            return False
+        if self.queued(FIONREAD) or self.queued(TIOCOUTQ):
+            return False
+        return not self.group_busy(pgrp)
+
+    def group_busy(self, pgrp):
+        """A process in the shell's own group means a command substitution or similar is still running."""
+        for pid in _pids():
+            if pid != self.pid:
+                try:
+                    if int(_stat_fields(pid)[2]) == pgrp:
+                        return True
+                except (OSError, IndexError, ValueError):
+                    continue
+        return False
+
+
+def op_exec(daemon, req):
+    side = req.get("side", "agent")
+    if side not in ("agent", "host"):
+        raise ValueError("side must be 'agent' or 'host'")
+    return daemon.run(["bash", "-c", req["cmd"]], side, req["timeout"], user=req.get("user"), env=req.get("env"),
+                      cwd=req.get("workdir"), max_output=req.get("max_output", 1000000))  # fmt: skip
+
+
+def op_verify(daemon, req):
+    """Fresh /tests (from the tar the host sent) and /logs/verifier on the host's side, the verifier run there,
+    then the files it wrote. Nothing of the agent's side can reach these folders."""
+    for path in ("/tests", "/logs/verifier"):
+        _empty(path)
+    tests = base64.b64decode(req["tests"])
+    if tests:
+        with tarfile.open(fileobj=io.BytesIO(tests), mode="r:") as archive:
+            for member in archive.getmembers():
+                bad = member.name.startswith("/") or ".." in member.name.split("/")
+                if bad or not (member.isfile() or member.isdir()):
+                    raise ValueError(f"refusing tests archive member {member.name!r}: plain files and folders only")
+            archive.extractall("/tests")
+    result = daemon.run(
+        ["bash", "-c", req["cmd"]], "host", req["timeout"], user=req.get("user"), env=req.get("env"),
+        cwd=req.get("workdir"), max_output=req.get("max_output", 100000),
+    )  # fmt: skip
+    result["files"] = {path: _read(path, int(req.get("max_bytes", 4000000))) for path in req.get("read", [])}
+    return result
+
+
+def _empty(folder):
+    for entry in os.listdir(folder):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+
+
+def _read(path, max_bytes):
+    try:
+        with open(path, "rb") as handle:
+            return base64.b64encode(handle.read(max_bytes)).decode()
+    except FileNotFoundError:
+        return None
+
+
+def op_tmux(daemon, req):
+    ok, out = daemon.tmux.spawn_tmux(req["argv"], req.get("user"))
+    return {"rc": 0 if ok else 1, "out": out if ok else "", "err": "" if ok else out}
+
+
+def op_commands(daemon, req):
+    ok, out = daemon.tmux.run(req, req["commands"])
+    return {"rc": 0 if ok else 1, "out": out if ok else "", "err": "" if ok else out}
+
+
+def op_send(daemon, req):
+    """Run the tmux calls that type the keys, then wait until the shell is idle or the time is up."""
+    pid = daemon.pane_pid(int(req["pane_pid"]))
+    try:
+        shell = Shell(pid, req["pane_tty"]) if pid is not None else None
+    except (FileNotFoundError, ShellExited):
+        shell = None
+    if shell is None:
+        return {"gone": True}
+    try:
+        before = shell.switches() if req["calls"] else None
+        if req["calls"]:
+            ok, out = daemon.tmux.run(req, req["calls"])
+            if not ok:
+                return {"gone": not os.path.exists("/proc/{}".format(shell.pid)), "error": out.strip()}
+        start = time.monotonic()
+        timeout = float(req["timeout"])
+        stable = 0
+        while True:
+            stable = stable + 1 if shell.idle(before) else 0
+            waited = time.monotonic() - start
+            if stable >= 2 or waited >= timeout:
+                return {"waited": waited, "idle": stable >= 2}
+            time.sleep(min(POLL_S, max(timeout - waited, 0)))
+    except ShellExited:
+        return {"gone": True}
+    except (OSError, ValueError, IndexError) as exc:
+        gone = not os.path.exists("/proc/{}".format(shell.pid))
+        return {"gone": gone, "error": None if gone else "{}: {}".format(type(exc).__name__, exc)}
+    finally:
+        shell.close()
+
+
+def op_capture(daemon, req):
+    """Lines from the anchor (absolute index: history size + cursor row at the last capture) to the screen's end.
+
+    The position and the lines are read in one tmux command list, which tmux runs without reading the pane in
+    between. The host's last known history size is the first guess of where the anchor is; when output moved it,
+    retry with the size just read.
+    """
+    target, anchor = req["target"], req.get("anchor")
+    where = ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"]
+    history = req.get("history")
+    try:
+        if history is None or anchor is None:
+            ok, out = daemon.tmux.run(req, [where])
+            if not ok:
+                return {"rc": 1, "err": out}
+            history = int(out.split()[0])
+        for _ in range(5):
+            start = max(anchor - history, -history) if anchor is not None else 0
+            ok, out = daemon.tmux.run(req, [where, ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"],
+                                            where])  # fmt: skip
+            if not ok:
+                return {"rc": 1, "err": out}
+            first, _, rest = out.partition("\n")
+            text, _, last = rest.rstrip("\n").rpartition("\n")
+            if first == last and int(first.split()[0]) == history:
+                return {"rc": 0, "text": text, "history": history, "cursor": int(first.split()[1]), "start": start}
+            history = int(last.split()[0])
+    except (ValueError, IndexError) as exc:  # the agent's side answered something that is not tmux's answer
+        return {"rc": 1, "err": "unreadable answer from tmux ({})".format(exc)}
+    return {"rc": 0, "moving": True}
+
+
+def op_read(daemon, req):
+    return {"data": _read(req["path"], int(req["max_bytes"]))}
+
+
+def op_stop_agent(daemon, req):
+    """Kill every process on the agent's side (its init too, which ends its namespace); the container lives on."""
+    if daemon.agent_init is not None:
+        try:
+            os.kill(daemon.agent_init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return {}
+
+
+def op_ping(daemon, req):
+    return {"pid": os.getpid(), "agent_init": daemon.agent_init}
+
+
+OPS = {
+    "exec": op_exec, "verify": op_verify, "tmux": op_tmux, "commands": op_commands, "send": op_send,
+    "capture": op_capture, "read": op_read, "stop_agent": op_stop_agent, "ping": op_ping,
+}  # fmt: skip
+
+
+def find_agent_init(wait_s):
+    """The agent's init as the main process reported it: (pid, handover verdict); raises if it failed."""
+    path = os.path.join(RUN_DIR, "agent-init")
+    deadline = time.monotonic() + wait_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise OSError(errno.ETIMEDOUT, "the container's main process never split the container")
+        time.sleep(0.01)
+    with open(path) as handle:
+        report = handle.read()
+    pid = verdict = None
+    for line in report.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            pid = int(rest)
+        elif word == "handover":
+            verdict = rest
+    if pid is None or verdict is None:
+        raise OSError(errno.EIO, "the agent's side did not start: " + report.strip())
+    return pid, verdict
+
+
+class _NoImports:
+    """A meta-path finder that refuses every import: once the agent exists, files on disk are the agent's."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        raise ImportError("the sandbox daemon imports nothing after start-up ({})".format(name))
+
+    find_module = find_spec  # Python < 3.4 spelling, harmless elsewhere
+
+
+def daemon_main(argv):
+    warnings.simplefilter("ignore")
+    os.environ.pop(CODE_VARIABLE, None)  # the container's environment carries this file's source; children need not
+    lock = threading.Lock()
+
+    def reply(message):
+        data = (json.dumps(message) + "\n").encode()
+        with lock:
+            while data:
+                data = data[os.write(1, data) :]
+
+    setup_error = None
+    daemon = None
+    try:
+        wait_s = float(argv[argv.index("--wait") + 1]) if "--wait" in argv else 30.0
+        agent_init_pid, verdict = find_agent_init(wait_s)
+        file_limit = int(argv[argv.index("--file-limit") + 1]) if "--file-limit" in argv else 0
+        daemon = Daemon(agent_init_pid, file_limit)
+        handover = verdict
+    except Exception as exc:  # noqa: BLE001 - answered to the host's first request
+        setup_error = "{}: {}".format(type(exc).__name__, exc)
+        handover = None
+    sys.meta_path.insert(0, _NoImports)
+    requests = queue.Queue()
+
+    def serve():
+        while True:
+            req = requests.get()
+            try:
+                if setup_error is not None:
+                    raise RuntimeError("the sandbox could not start: " + setup_error)
+                result = OPS[req["op"]](daemon, req)
+                if req["op"] == "ping":
+                    result["handover"] = handover
+                result.update(id=req["id"], ok=True)
+            except SpawnError as exc:
+                result = {"id": req.get("id"), "ok": False, "error": "cannot start a process: {}".format(exc),
+                          "spawn_errno": exc.errno}  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every failure goes back to the host, never kills the daemon
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                result = {"id": req.get("id"), "ok": False, "error": detail}
+            reply(result)
+
+    for _ in range(WORKERS):
+        threading.Thread(target=serve, daemon=True).start()
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line.decode())
+            if not isinstance(req, dict):
+                raise ValueError("a request must be a JSON object")
+        except ValueError as exc:
+            reply({"id": None, "ok": False, "error": "unreadable request: {}".format(exc)})
+            continue
+        requests.put(req)
+    if "--stop-container-on-eof" in argv:
+        os.kill(1, signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["main"]:
+        main_process(sys.argv[2:])
+    else:
+        daemon_main(sys.argv[1:])

@@ -1,0 +1,146 @@
+"""The rules of an episode, without Docker: what each turn means and what each ending implies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from terminus_env.protocol import Strictness
+from terminus_env.rules import (
+    Counters,
+    EndReason,
+    Fault,
+    Reply,
+    TurnLimits,
+    as_reply,
+    end_reason_table,
+    judge_after_commands,
+    judge_reply,
+)
+
+STRICT = TurnLimits(Strictness(True, True))
+LENIENT = TurnLimits(Strictness(False, False))
+GOOD = '<response><analysis>a</analysis><plan>p</plan><commands><keystrokes duration="1">ls\n</keystrokes></commands>'
+DONE = GOOD + "<task_complete>true</task_complete></response>"
+GOOD += "</response>"
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_holds_the_end_reason_table_the_rules_define() -> None:
+    assert end_reason_table() in README.read_text()
+
+
+@pytest.mark.parametrize(
+    ("reason", "graded", "truncated", "fault"),
+    [
+        (EndReason.TASK_COMPLETE, True, False, Fault.NONE),
+        (EndReason.AGENT_TIMEOUT, True, True, Fault.NONE),
+        (EndReason.MAX_TURNS, True, True, Fault.NONE),
+        (EndReason.SHELL_LOST, True, False, Fault.AGENT),
+        (EndReason.FORMAT_ERROR, False, False, Fault.AGENT),
+        (EndReason.TURN_TRUNCATED, False, False, Fault.AGENT),
+        (EndReason.CONTEXT_LIMIT, False, False, Fault.AGENT),
+        (EndReason.RESOURCE_LIMIT, False, False, Fault.AGENT),
+        (EndReason.ENV_ERROR, False, False, Fault.INFRASTRUCTURE),
+    ],
+)
+def test_what_each_ending_implies(reason: EndReason, graded: bool, truncated: bool, fault: Fault) -> None:
+    assert (reason.graded, reason.truncated, reason.fault) == (graded, truncated, fault)
+    assert reason.masked is (fault is Fault.INFRASTRUCTURE)
+    assert reason == reason.value  # a str: comparisons and JSON see the plain name
+
+
+def test_only_the_infrastructure_is_ever_masked() -> None:
+    assert [reason for reason in EndReason if reason.masked] == [EndReason.ENV_ERROR]
+
+
+@pytest.mark.parametrize(
+    ("limits", "reply", "end", "format_error"),
+    [
+        (STRICT, Reply("no xml here"), EndReason.FORMAT_ERROR, True),
+        (STRICT, Reply(GOOD, finish_reason="length"), EndReason.TURN_TRUNCATED, False),
+        (STRICT, Reply(GOOD, completion_tokens=16384), EndReason.TURN_TRUNCATED, False),
+        (LENIENT, Reply(GOOD, finish_reason="context_length"), EndReason.CONTEXT_LIMIT, False),
+        (TurnLimits(Strictness(False, False), max_context_tokens=10), Reply(GOOD, prompt_tokens=11),
+         EndReason.CONTEXT_LIMIT, False),
+    ],
+)  # fmt: skip
+def test_replies_that_end_the_episode_before_anything_runs(limits, reply, end, format_error) -> None:
+    verdict = judge_reply(reply, Counters(), limits, out_of_time=False)
+    assert verdict.end is end and verdict.run is None and verdict.feedback is None
+    assert (verdict.format_error is not None) is format_error
+    assert verdict.counters.turn == 1
+
+
+def test_time_runs_out_before_the_reply_is_read() -> None:
+    verdict = judge_reply(Reply("garbage"), Counters(), STRICT, out_of_time=True)
+    assert verdict.end is EndReason.AGENT_TIMEOUT and verdict.counters.format_errors == 0
+
+
+def test_lenient_feeds_a_rejected_turn_back_and_counts_the_opening_streak() -> None:
+    first = judge_reply(Reply("no xml"), Counters(), LENIENT, out_of_time=False)
+    assert first.end is None and first.run is None and "response" in (first.feedback or "")
+    assert (first.counters.format_errors, first.counters.opening_streak) == (1, 1)
+    second = judge_reply(Reply(GOOD), first.counters, LENIENT, out_of_time=False)
+    assert second.run is not None and second.counters.opened
+    third = judge_reply(Reply("no xml"), second.counters, LENIENT, out_of_time=False)
+    assert (third.counters.format_errors, third.counters.opening_streak) == (2, 1)
+
+
+def test_lenient_salvages_a_truncated_turn_up_to_its_response_end() -> None:
+    verdict = judge_reply(Reply(GOOD + "<response>and more", finish_reason="length"), Counters(), LENIENT,
+                          out_of_time=False)  # fmt: skip
+    assert verdict.run is not None and verdict.counters.truncated_turns == 1
+    assert any("token limit" in warning for warning in verdict.warnings)
+    unsalvageable = judge_reply(Reply("<response><commands>", finish_reason="length"), Counters(), LENIENT,
+                                out_of_time=False)  # fmt: skip
+    assert unsalvageable.run is None and unsalvageable.feedback and unsalvageable.counters.opened
+
+
+def test_completion_is_asked_twice_then_ends() -> None:
+    first = judge_reply(Reply(DONE), Counters(), STRICT, out_of_time=False)
+    asked = judge_after_commands(first.run, first.counters, STRICT, out_of_time=False)
+    assert asked.end is None and asked.confirm and asked.counters.awaiting_confirmation
+    second = judge_reply(Reply(DONE), asked.counters, STRICT, out_of_time=False)
+    done = judge_after_commands(second.run, second.counters, STRICT, out_of_time=False)
+    assert done.end is EndReason.TASK_COMPLETE
+    unconfirmed = TurnLimits(Strictness(True, True), confirm_completion=False)
+    once = judge_reply(Reply(DONE), Counters(), unconfirmed, out_of_time=False)
+    assert judge_after_commands(once.run, once.counters, unconfirmed, out_of_time=False).end is EndReason.TASK_COMPLETE
+
+
+def test_a_plain_turn_between_cancels_the_pending_confirmation() -> None:
+    first = judge_reply(Reply(DONE), Counters(), STRICT, out_of_time=False)
+    asked = judge_after_commands(first.run, first.counters, STRICT, out_of_time=False)
+    plain = judge_reply(Reply(GOOD), asked.counters, STRICT, out_of_time=False)
+    after = judge_after_commands(plain.run, plain.counters, STRICT, out_of_time=False)
+    assert after.end is None and not after.confirm and not after.counters.awaiting_confirmation
+
+
+def test_max_turns_bounds_rejected_turns_too() -> None:
+    limits = TurnLimits(Strictness(False, False), max_turns=2)
+    first = judge_reply(Reply("no xml"), Counters(), limits, out_of_time=False)
+    second = judge_reply(Reply("no xml"), first.counters, limits, out_of_time=False)
+    assert first.end is None and second.end is EndReason.MAX_TURNS and second.format_error is not None
+
+
+def test_time_running_out_during_the_commands_ends_the_episode() -> None:
+    verdict = judge_reply(Reply(DONE), Counters(), STRICT, out_of_time=False)
+    assert judge_after_commands(verdict.run, verdict.counters, STRICT, out_of_time=True).end is EndReason.AGENT_TIMEOUT
+
+
+@pytest.mark.parametrize("action", [b"<response>", None, 3, ["text"]])
+def test_actions_other_than_text_or_reply_are_refused(action) -> None:
+    with pytest.raises(TypeError, match="str or a terminus_env.Reply"):
+        as_reply(action)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"text": None}, {"text": b"x"}, {"text": "x", "finish_reason": None}, {"text": "x", "completion_tokens": -1},
+     {"text": "x", "prompt_tokens": 1.5}, {"text": "x", "prompt_tokens": True}],
+)  # fmt: skip
+def test_a_reply_is_checked_when_made(fields) -> None:
+    with pytest.raises(TypeError):
+        Reply(**fields)
