@@ -12,14 +12,15 @@ import itertools
 import json
 import socket
 import struct
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import docker
 
 from terminus_env.sandbox.errors import SandboxError, TerminalGone
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
+# Package data, read through importlib.resources so it is found wherever the package is installed.
+AGENT_SOURCE = resources.files("terminus_env.sandbox").joinpath("agent.py").read_text(encoding="utf-8")
 # The agent's source comes as the first line on stdin, so `ps` in the sandbox shows this short line only.
 _BOOTSTRAP = 'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-agent","exec"))'
 
