@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from terminus_env.protocol import Strictness, parse_reply  # noqa: F401
     from terminus_env.tasks import load_task, load_tasks  # noqa: F401
 
+# The one place the version is written: the build reads it from here (pyproject.toml, [tool.hatch.version]),
+# `terminus-env --version` prints it, and CHANGELOG.md names it.
 __version__ = "0.1.0"
 ENV_ID = "terminus_env/Terminus-v0"
 
