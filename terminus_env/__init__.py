@@ -2,7 +2,7 @@
 
 Importing the package registers ``terminus_env/Terminus-v0``. For ``gymnasium.make_vec`` with
 ``vectorization_mode="async"``, pass ``vector_kwargs={"shared_memory": False}``: Text spaces do not
-fit shared memory. For many rollouts, :class:`terminus_env.rollout.RolloutRunner` is the fast path.
+fit shared memory. For many rollouts, ``terminus_env.rollout.RolloutRunner`` is the fast path.
 
 The public names load on first use, so ``import terminus_env.serving`` does not pull in Docker.
 """
