@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit bench clean
+.PHONY: all venv docker base-image demo check lint test unit docs install-check bench clean
 
 all: demo
 
@@ -42,6 +42,16 @@ unit: base-image
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# The documentation site, into site/; a warning fails the build. The two variables silence notices about
+# MkDocs 2 that the theme and a plugin print on every build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
+
+# What `pip install` gives a user: the sdist and the wheel, each in a fresh virtual environment outside the
+# checkout, list the shipped suite, make the env and run a short eval.
+install-check: base-image
+	bash scripts/check-install.sh $(PY)
+
 # The linter and the suite check first, then pytest, so the run closes on pytest's summary.
 test: lint check unit
 
@@ -52,4 +62,4 @@ bench: base-image
 
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .pytest_cache .hypothesis .bench-cache
+	rm -rf $(VENV) .pytest_cache .hypothesis .bench-cache site dist

@@ -2,7 +2,7 @@
 
 Importing the package registers ``terminus_env/Terminus-v0``. For ``gymnasium.make_vec`` with
 ``vectorization_mode="async"``, pass ``vector_kwargs={"shared_memory": False}``: Text spaces do not
-fit shared memory. For many rollouts, :class:`terminus_env.rollout.RolloutRunner` is the fast path.
+fit shared memory. For many rollouts, ``terminus_env.rollout.RolloutRunner`` is the fast path.
 
 The public names load on first use, so ``import terminus_env.serving`` does not pull in Docker.
 """
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from terminus_env.protocol import Strictness, parse_reply  # noqa: F401
     from terminus_env.tasks import load_task, load_tasks  # noqa: F401
 
+# The one place the version is written: the build reads it from here (pyproject.toml, [tool.hatch.version]),
+# `terminus-env --version` prints it, and CHANGELOG.md names it.
 __version__ = "0.1.0"
 ENV_ID = "terminus_env/Terminus-v0"
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from terminus_env import __version__
 from terminus_env.errors import TerminusError
 
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="terminus-env", description="Terminal tasks for RL and evaluation of LLM agents (the Terminus 2 protocol)."
     )
+    parser.add_argument("--version", action="version", version=f"terminus-env {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     images = sub.add_parser("images", help="build the local images tasks run in")

@@ -299,6 +299,25 @@ def test_ensure_image_builds_once_and_reports_failures(client: docker.DockerClie
         client.images.remove(tag, force=True)
 
 
+def test_build_context_leaves_out_bytecode_caches_and_dockerignored_files(
+    client: docker.DockerClient, tmp_path: Path
+) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nCOPY . /ctx\n")
+    (tmp_path / ".dockerignore").write_text("# local notes\n\nnotes.txt\n")
+    (tmp_path / "notes.txt").write_text("not for the image\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "tool.py").write_text(f"print({time.time_ns()})\n")
+    for cache in (tmp_path / "__pycache__", tmp_path / "app" / "__pycache__"):
+        cache.mkdir()
+        (cache / "tool.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    tag = ensure_image(tmp_path, "sandbox-test-context")
+    try:
+        listing = client.containers.run(tag, "find /ctx -mindepth 1", remove=True).decode().split()
+        assert sorted(listing) == ["/ctx/.dockerignore", "/ctx/Dockerfile", "/ctx/app", "/ctx/app/tool.py"]
+    finally:
+        client.images.remove(tag, force=True)
+
+
 @pytest.mark.parametrize("ending", ["return", "sigint"])
 def test_containers_are_removed_when_the_owner_exits(client: docker.DockerClient, ending: str) -> None:
     script = _OWNER_SCRIPT.replace("asyncio.sleep(600)", "asyncio.sleep(0 if sys.argv[1] == 'return' else 600)")

@@ -147,6 +147,19 @@ def test_context_hash_follows_content_and_modes(tmp_path: Path) -> None:
     assert len({first, second, context_hash(tmp_path)}) == 3
 
 
+def test_context_hash_ignores_bytecode_caches(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "tool.py").write_text("print(1)\n")
+    clean = context_hash(tmp_path)
+    for cache in (tmp_path / "__pycache__", tmp_path / "app" / "__pycache__"):  # what pip leaves in installed tasks
+        cache.mkdir()
+        (cache / "tool.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    assert context_hash(tmp_path) == clean
+    (tmp_path / "app" / "tool.py").write_text("print(2)\n")
+    assert context_hash(tmp_path) != clean
+
+
 def test_context_hash_follows_the_parent_image(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM x\n")
     assert context_hash(tmp_path, ["sha256:aa"]) != context_hash(tmp_path, ["sha256:bb"])

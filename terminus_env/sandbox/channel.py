@@ -13,14 +13,15 @@ import itertools
 import json
 import socket
 import struct
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import docker
 
 from terminus_env.sandbox.errors import ResourcesExhausted, SandboxError, SandboxLost
 
-DAEMON_SOURCE = Path(__file__).with_name("daemon.py").read_text()
+# Package data, read through importlib.resources so it is found wherever the package is installed.
+DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").read_text(encoding="utf-8")
 """The in-container code: the container's main process and the control daemon (see daemon.py)."""
 CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"
 """The container's main process reads DAEMON_SOURCE from this variable (and removes it from its environment)."""

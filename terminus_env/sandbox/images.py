@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO
 
 import docker
 import requests
@@ -33,6 +34,8 @@ BASE_PACKAGES = (
     "ca-certificates", "less", "nano", "curl", "findutils", "grep", "sed",
 )  # fmt: skip
 IMAGE_LABEL = "terminus-env.image"
+# pip byte-compiles every .py file it installs, the shipped suite's included: those caches are no part of a task.
+BYTECODE_DIR = "__pycache__"
 _LOG_TAIL_LINES = 30
 _ROOTFS_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -153,8 +156,17 @@ def ensure_image(
     tag = f"terminus-env/task-{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
     if _image_exists(client, tag):
         return tag
-    _run_build(client, tag, name, {"path": str(context_dir)}, timeout=build_timeout)
+    with _context_tar(context_dir) as context:
+        _run_build(client, tag, name, {"fileobj": context, "custom_context": True}, timeout=build_timeout)
     return tag
+
+
+def _context_tar(context_dir: Path) -> IO[bytes]:
+    """The build context as docker-py sends it (honouring .dockerignore), less bytecode caches."""
+    ignore_file = context_dir / ".dockerignore"
+    lines = ignore_file.read_text(errors="replace").splitlines() if ignore_file.is_file() else []
+    patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    return docker.utils.tar(str(context_dir), exclude=[*patterns, f"**/{BYTECODE_DIR}"])
 
 
 def slug(name: str) -> str:
@@ -169,7 +181,7 @@ def context_hash(context_dir: Path, parent_ids: Iterable[str] = ()) -> str:
     digest = hashlib.sha256()
     for parent in sorted(parent_ids):
         digest.update(f"P {parent}\0".encode())
-    for path in sorted(p for p in context_dir.rglob("*")):
+    for path in sorted(p for p in context_dir.rglob("*") if BYTECODE_DIR not in p.relative_to(context_dir).parts):
         relative = path.relative_to(context_dir).as_posix()
         if path.is_symlink():
             digest.update(f"L {relative} -> {os.readlink(path)}\0".encode())

@@ -7,6 +7,18 @@ not pull in the HTTP client.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers see of the lazy names below (the package ships py.typed)
+    from terminus_env.serving.client import (  # noqa: F401
+        Completion,
+        ContextLengthExceeded,
+        ReplicaClient,
+        ReplicaUnavailable,
+        ServingError,
+    )
+    from terminus_env.serving.metrics import EngineMetrics, parse_metrics  # noqa: F401
+    from terminus_env.serving.pool import ServingPool  # noqa: F401
 
 _EXPORTS = {
     "ServingPool": "terminus_env.serving.pool",

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +55,26 @@ _KNOWN_TB1 = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+# The build copies the repository's tasks/ into this folder of the terminus_env.tasks package (pyproject.toml).
+SHIPPED_SUITE = "suite"
 
 
 def shipped_tasks_dir() -> Path:
-    """The suite shipped at the repository root (`tasks/`), next to the editable-installed package."""
-    return Path(__file__).resolve().parent.parent.parent / "tasks"
+    """The shipped suite: package data in an installed wheel, the checkout's `tasks/` in an editable install.
+
+    Tasks are written in `tasks/` at the repository root; only a build copies them into the package, so a
+    checkout (where `pip install -e .` points) has no packaged copy and its `tasks/` is the suite.
+    """
+    packaged = resources.files("terminus_env.tasks").joinpath(SHIPPED_SUITE)
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2] / "tasks"
+    if checkout.is_dir():
+        return checkout
+    raise TaskError(
+        f"this installation of terminus-env has no shipped suite ({packaged} is missing): reinstall it from a "
+        "wheel or sdist (`pip install --force-reinstall terminus-env`), or pass a folder of tasks"
+    )
 
 
 def is_task_dir(path: Path) -> bool:

@@ -1,0 +1,85 @@
+"""Build-time pages of the documentation site, run by the mkdocs-gen-files plugin (see mkdocs.yml).
+
+Generated rather than listed by hand, so the site follows the code: every module of the package gets an
+API reference page, every design note in docs/notes/ is in the navigation, and CHANGELOG.md is a page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mkdocs_gen_files
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "terminus_env"
+NOTES = ROOT / "docs" / "notes"
+# The coordinator's note on the sandbox's security model (issue 9) is the guide's security page once it exists.
+SECURITY_NOTE = "notes/security.md"
+GUIDE = (
+    ("Home", "index.md"),
+    ("Getting started", "getting-started.md"),
+    ("The environment's contract", "environment.md"),
+    ("Strict and lenient", "strictness.md"),
+    ("Tasks", "tasks.md"),
+    ("Evaluation", "evaluation.md"),
+    ("RL integrations", "integrations.md"),
+    ("Serving and routing", "serving.md"),
+)
+# Stands in for the note, at the note's own address, until the note is in the checkout.
+SECURITY_PLACEHOLDER = """# The sandbox's security model
+
+The full security model is the design note `docs/notes/security.md`, which this checkout does not have yet.
+Until it lands, [the sandbox notes](sandbox.md) describe how every container is hardened and cleaned up.
+"""
+
+
+def modules() -> list[tuple[tuple[str, ...], bool]]:
+    """(dotted name parts, is a package) for every public module of the package, parents before children."""
+    found = []
+    for source in (ROOT / PACKAGE).rglob("*.py"):
+        parts = source.relative_to(ROOT).with_suffix("").parts
+        package = parts[-1] == "__init__"
+        if package:
+            parts = parts[:-1]
+        if any(part.startswith("_") for part in parts):  # private modules and __main__
+            continue
+        found.append((parts, package))
+    return sorted(found)
+
+
+def reference_page(parts: tuple[str, ...], package: bool) -> str:
+    """Write the module's API page; a package's page holds its docstring, its modules have their own pages."""
+    path = Path("reference", *parts, "index.md") if package else Path("reference", *parts[:-1], f"{parts[-1]}.md")
+    options = "\n    options:\n      members: false" if package else ""
+    with mkdocs_gen_files.open(path.as_posix(), "w") as page:
+        page.write(f"::: {'.'.join(parts)}{options}\n")
+    return path.as_posix()
+
+
+def note_title(note: Path) -> str:
+    first = note.read_text(encoding="utf-8").splitlines()[:1]
+    return first[0].lstrip("#").strip() if first and first[0].startswith("# ") else note.stem
+
+
+def navigation() -> list[str]:
+    lines = [f"* [{title}]({page})" for title, page in GUIDE]
+    if not (ROOT / "docs" / SECURITY_NOTE).is_file():
+        with mkdocs_gen_files.open(SECURITY_NOTE, "w") as page:
+            page.write(SECURITY_PLACEHOLDER)
+    lines.append(f"* [The sandbox's security model]({SECURITY_NOTE})")
+    lines.append("* Design notes")
+    for note in sorted(NOTES.glob("*.md")):
+        if f"notes/{note.name}" != SECURITY_NOTE:
+            lines.append(f"    * [{note_title(note)}](notes/{note.name})")
+    lines.append("* API reference")
+    for parts, package in modules():
+        indent = "    " * len(parts)
+        lines.append(f"{indent}* [{parts[-1]}]({reference_page(parts, package)})")
+    lines.append("* [Changelog](changelog.md)")
+    return lines
+
+
+with mkdocs_gen_files.open("changelog.md", "w") as changelog:
+    changelog.write((ROOT / "CHANGELOG.md").read_text(encoding="utf-8"))
+with mkdocs_gen_files.open("SUMMARY.md", "w") as summary:
+    summary.write("\n".join(navigation()) + "\n")
