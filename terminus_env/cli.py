@@ -22,6 +22,12 @@ def _cmd_images_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_images_prune(args: argparse.Namespace) -> int:
+    from terminus_env.tasks.image_prune import prune_images
+
+    return prune_images(args.folders, dry_run=args.dry_run)
+
+
 def _cmd_gc(args: argparse.Namespace) -> int:
     from terminus_env.sandbox.reaper import reap
 
@@ -67,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     base = images_sub.add_parser("base", help="build (or reuse) the local Debian base image")
     base.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     base.set_defaults(func=_cmd_images_base)
+    prune = images_sub.add_parser(
+        "prune", help="remove task images that no task in the folders needs (old tags, deleted tasks)"
+    )
+    prune.add_argument("folders", nargs="*", type=Path, help="folders of tasks (default: the shipped suite)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    prune.set_defaults(func=_cmd_images_prune)
 
     gc = sub.add_parser("gc", help="remove sandbox containers whose owner process is gone")
     gc.add_argument("--all", action="store_true", help="also remove containers of live owners")
