@@ -115,13 +115,23 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name sent to the server")
     parser.add_argument("--oracle", action="store_true", help="reply with each task's solution instead of a model")
     parser.add_argument("--sim", type=int, metavar="N", help="serve the oracle from N simulated vLLM replicas")
+    parser.add_argument(
+        "--flaky-oracle", type=int, metavar="SEED",
+        help="a scripted policy that solves some tasks some of the time (seeded), to see the statistics at work",
+    )  # fmt: skip
     parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
-    parser.add_argument("--trials", type=int, default=1, help="rollouts per task")
+    parser.add_argument("--trials", type=int, default=1, help="rollouts per task (k of pass@k)")
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--max-turn-tokens", type=int, default=16384)
     parser.add_argument("--strict", action="store_true", help="strict format and truncation, as in training")
-    parser.add_argument("--output", type=Path, help="write trajectories as JSON lines here")
+    parser.add_argument(
+        "--output", type=Path,
+        help="the run file: every rollout is appended as it ends (default: runs/eval-<UTC time>.jsonl)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --output, skipping the rollouts it already holds"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
