@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import TINY_TOML
 from sandbox_support import containers_of_pid
 
 from terminus_env.cli import main as cli_main
@@ -23,21 +24,6 @@ pytestmark = pytest.mark.usefixtures("docker_required")
 GOOD = ("eval-test-alpha", "eval-test-beta", "eval-test-gamma")
 TRIALS = 2
 SEED = "5"  # the flaky oracle's draws for these names: a mix of solved and unsolved trials
-TOML = """\
-version = "1.0"
-[metadata]
-category = "{category}"
-[verifier]
-timeout_sec = 60
-[agent]
-timeout_sec = 120
-[environment]
-cpus = 1
-memory_mb = 512
-allow_internet = false
-"""
-
-
 VERIFIER = """\
 #!/bin/bash
 mkdir -p /logs/verifier
@@ -58,7 +44,7 @@ def write_task(root: Path, name: str, category: str = "files", dockerfile_extra:
     task = root / name
     for folder in ("environment", "tests", "solution"):
         (task / folder).mkdir(parents=True)
-    (task / "task.toml").write_text(TOML.format(category=category))
+    (task / "task.toml").write_text(TINY_TOML.replace('category = "files"', f'category = "{category}"'))
     (task / "instruction.md").write_text(f"Task {name}: write the word hello (and a newline) into /app/hello.txt.\n")
     dockerfile = f"FROM terminus-env/base:bookworm\nWORKDIR /app\n{dockerfile_extra}"
     (task / "environment" / "Dockerfile").write_text(dockerfile)

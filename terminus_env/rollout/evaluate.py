@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
+from terminus_env.errors import TerminusError
 from terminus_env.metrics import aggregate
 from terminus_env.rollout import stats
 from terminus_env.rollout.policy import FlakyOraclePolicy, OraclePolicy, OracleReplies, Policy, Rollout, ServingPolicy
@@ -95,9 +96,12 @@ def main(args: argparse.Namespace) -> int:
         asyncio.run(_evaluate(args, config, paths, finished, log, progress))
     except KeyboardInterrupt:
         progress.close()
-        print(f"\ninterrupted: {len(read_run(path).rollouts)} finished rollouts are saved in {path}; continue "
-              f"with the same options and --output {path} --resume", file=sys.stderr)  # fmt: skip
+        print(f"\ninterrupted: {_resume_hint(path)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except TerminusError as exc:  # e.g. no model replica answers any more: stop, keep what is done
+        progress.close()
+        print(f"\nstopped: {exc}\n{_resume_hint(path)}", file=sys.stderr)
+        return 2
     finally:
         progress.close()
         log.close()
@@ -110,6 +114,11 @@ def main(args: argparse.Namespace) -> int:
     oracle = args.oracle or bool(args.sim)
     unsolved = any(t.solved < t.trials for t in report.tasks)
     return 1 if report.invalid or (oracle and unsolved) else 0
+
+
+def _resume_hint(path: Path) -> str:
+    return (f"{len(read_run(path).rollouts)} finished rollouts are saved in {path}; continue with the same options "
+            f"and --output {path} --resume")  # fmt: skip
 
 
 def _policy_name(args: argparse.Namespace) -> str:
