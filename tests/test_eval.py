@@ -86,8 +86,10 @@ def rollout_lines(path: Path) -> int:
 
 
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    """The CLI in a child process, with SIGINT as a terminal's Ctrl-C finds it (a background job ignores it)."""
     return subprocess.Popen([sys.executable, "-m", "terminus_env.cli", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def signal_after(child: subprocess.Popen[str], output: Path, rollouts: int, signum: int) -> tuple[int, str]:

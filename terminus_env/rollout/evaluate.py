@@ -151,13 +151,14 @@ async def _evaluate(
         "max_turn_tokens": config.max_turn_tokens,
         **({"strict_format": True, "strict_truncation": True} if config.strict else {}),
     }
-    builds = asyncio.Semaphore(args.concurrency)
+    builds, slots = asyncio.Semaphore(args.concurrency), asyncio.Semaphore(args.concurrency)
     async with _policy(args, tasks) as policy:
         runner = RolloutRunner(policy, env_kwargs=env_kwargs, max_sandboxes=args.concurrency)
 
         async def one(task: Task, trial: int) -> None:
-            progress.started()
-            trajectory = await runner.run_one(Rollout(f"{task.name}#{trial}", task.name, task))
+            async with slots:  # taken here, not only in the runner, so "running" counts what runs, not what waits
+                progress.started()
+                trajectory = await runner.run_one(Rollout(f"{task.name}#{trial}", task.name, task))
             record = rollout_record(task, trial, trajectory)
             log.append(record)
             solved = record.reward >= stats.SUCCESS_REWARD
