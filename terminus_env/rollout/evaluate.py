@@ -308,6 +308,8 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
     overall = report.overall
     out.write(f"\nscore {_with_ci(overall)} over {overall.tasks} tasks: the mean over tasks of each task's mean "
               "reward, as the Terminal-Bench leaderboard computes it\n")  # fmt: skip
+    if overall.mean_reward is not None and overall.stderr is None:
+        out.write("no confidence interval: it needs 2 valid trials of every task (--trials 2 or more)\n")
     if overall.unscored:
         out.write(f"not scored (no valid trial): {', '.join(overall.unscored)}\n")
     if k > 1 and overall.pass_at_k_tasks < overall.tasks:
@@ -346,7 +348,7 @@ def _with_ci(score: stats.Score) -> str:
     if score.mean_reward is None:
         return "-"
     if score.stderr is None or score.ci95 is None:
-        return f"{score.mean_reward:.3f} (no interval: needs 2 valid trials of every task)"
+        return f"{score.mean_reward:.3f} ± n/a"
     low, high = score.ci95
     return f"{score.mean_reward:.3f} ± {stats.Z_95 * score.stderr:.3f} ({low:.3f}–{high:.3f})"
 
