@@ -22,6 +22,12 @@ def _cmd_images_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_images_prune(args: argparse.Namespace) -> int:
+    from terminus_env.tasks.image_prune import prune_images
+
+    return prune_images(args.folders, dry_run=args.dry_run)
+
+
 def _cmd_gc(args: argparse.Namespace) -> int:
     from terminus_env.sandbox.reaper import reap
 
@@ -67,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     base = images_sub.add_parser("base", help="build (or reuse) the local Debian base image")
     base.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     base.set_defaults(func=_cmd_images_base)
+    prune = images_sub.add_parser(
+        "prune", help="remove task images that no task in the folders needs (old tags, deleted tasks)"
+    )
+    prune.add_argument("folders", nargs="*", type=Path, help="folders of tasks (default: the shipped suite)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    prune.set_defaults(func=_cmd_images_prune)
 
     gc = sub.add_parser("gc", help="remove sandbox containers whose owner process is gone")
     gc.add_argument("--all", action="store_true", help="also remove containers of live owners")
@@ -103,13 +115,23 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name sent to the server")
     parser.add_argument("--oracle", action="store_true", help="reply with each task's solution instead of a model")
     parser.add_argument("--sim", type=int, metavar="N", help="serve the oracle from N simulated vLLM replicas")
+    parser.add_argument(
+        "--flaky-oracle", type=int, metavar="SEED",
+        help="a scripted policy that solves some tasks some of the time (seeded), to see the statistics at work",
+    )  # fmt: skip
     parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
-    parser.add_argument("--trials", type=int, default=1, help="rollouts per task")
+    parser.add_argument("--trials", type=int, default=1, help="rollouts per task (k of pass@k)")
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--max-turn-tokens", type=int, default=16384)
     parser.add_argument("--strict", action="store_true", help="strict format and truncation, as in training")
-    parser.add_argument("--output", type=Path, help="write trajectories as JSON lines here")
+    parser.add_argument(
+        "--output", type=Path,
+        help="the run file: every rollout is appended as it ends (default: runs/eval-<UTC time>.jsonl)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --output, skipping the rollouts it already holds"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

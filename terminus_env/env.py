@@ -75,6 +75,8 @@ class EpisodeSummary:
     error: str | None = None
     fault: Fault = Fault.NONE
     """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
+    failure: str | None = None
+    """The verifier's first failing test and its assertion (`GradeResult.failure`)."""
 
 
 @dataclass
@@ -297,7 +299,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         error: str | None = None,
     ) -> _Outcome:
         """Finish the episode; graded endings run the verifier, as in Harbor, unless the agent broke a limit."""
-        reward, grade_reason, graded = 0.0, None, reason.graded
+        reward, grade_reason, failure, graded = 0.0, None, None, reason.graded
         if graded:
             started = time.monotonic()
             try:
@@ -306,7 +308,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                     reason, graded, error = EndReason.RESOURCE_LIMIT, False, str(violation)
                 else:
                     result = await grade(_sandbox(episode), self.task)
-                    reward, grade_reason = result.reward, result.reason
+                    reward, grade_reason, failure = result.reward, result.reason, result.failure
             except ResourcesExhausted as exc:  # the agent's processes left nothing for the verifier to start with
                 reason, graded, error = EndReason.RESOURCE_LIMIT, False, f"the verifier could not start: {exc}"
             except SandboxError as exc:
@@ -330,6 +332,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             grade_reason=grade_reason,
             error=error,
             fault=reason.fault,
+            failure=failure,
         )
         await self._release_sandbox(keep_episode=True)
         return _Outcome(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import io
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -99,6 +100,41 @@ class OraclePolicy:
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
+
+
+class FlakyOraclePolicy:
+    """A scripted policy that solves some tasks sometimes, so eval statistics have something to show.
+
+    Each task gets a success rate drawn from ``seed`` and its name; each rollout, a draw from
+    ``seed`` and its rollout id decides whether it applies the solution or declares the task done
+    without doing anything (which the validity check guarantees earns 0). One rollout in three
+    opens with a reply in no format at all, as a careless model would, to exercise lenient
+    format-error handling. Every draw is a hash, so a rerun or a resumed run gives the same results.
+    """
+
+    def __init__(self, seed: int, command_duration: float = 60.0) -> None:
+        self._seed = seed
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        turn = _turn(messages)
+        if _draw(self._seed, "careless", rollout.rollout_id) < 1 / 3:
+            if turn == 0:
+                return PolicyOutput(reply=Reply(text="Let me look at the task first."))
+            turn -= 1
+        if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
+            return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
+        return PolicyOutput(reply=Reply(text=_reply("", self._duration, complete=True, plan="Give up.")))
+
+
+def _draw(*key: object) -> float:
+    """A number in [0, 1) fixed by ``key``: the same on every run and every machine."""
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 class OracleReplies:

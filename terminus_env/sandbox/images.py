@@ -15,7 +15,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import IO
 
@@ -36,6 +38,9 @@ BASE_PACKAGES = (
 IMAGE_LABEL = "terminus-env.image"
 # pip byte-compiles every .py file it installs, the shipped suite's included: those caches are no part of a task.
 BYTECODE_DIR = "__pycache__"
+CONTEXT_LABEL = "terminus-env.context"
+"""On task images: the build context folder it was built from, so prune can tell whose image it is."""
+TASK_REPOSITORY = "terminus-env/task-"
 _LOG_TAIL_LINES = 30
 _ROOTFS_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -153,11 +158,14 @@ def ensure_image(
     parents = _from_images(dockerfile.read_text(errors="replace"))
     if base_image_tag() in parents:
         ensure_base_image(client=client)
-    tag = f"terminus-env/task-{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
+    tag = f"{TASK_REPOSITORY}{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
     if _image_exists(client, tag):
         return tag
-    with _context_tar(context_dir) as context:
-        _run_build(client, tag, name, {"fileobj": context, "custom_context": True}, timeout=build_timeout)
+    context = str(context_dir.resolve())
+    with _context_tar(context_dir) as archive:
+        _run_build(client, tag, name, {"fileobj": archive, "custom_context": True}, timeout=build_timeout,
+                   labels={CONTEXT_LABEL: context})  # fmt: skip
+    _untag_replaced(client, tag, context)
     return tag
 
 
@@ -209,14 +217,17 @@ def _from_images(dockerfile: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", dockerfile)}
 
 
-def _run_build(client: docker.DockerClient, tag: str, name: str, source: dict, timeout: float) -> None:
+def _run_build(
+    client: docker.DockerClient, tag: str, name: str, source: dict, timeout: float, labels: dict[str, str] | None = None
+) -> None:
     """Stream a build, keep the log's tail for errors, and give up after ``timeout`` seconds."""
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     try:
         stream = client.api.build(
-            tag=tag, rm=True, forcerm=True, decode=True, labels={IMAGE_LABEL: "1"}, timeout=timeout, **source
-        )
+            tag=tag, rm=True, forcerm=True, decode=True, labels={IMAGE_LABEL: "1", **(labels or {})}, timeout=timeout,
+            **source,
+        )  # fmt: skip
         for chunk in stream:
             if "stream" in chunk:
                 lines.extend(chunk["stream"].splitlines())
@@ -235,3 +246,118 @@ def _run_build(client: docker.DockerClient, tag: str, name: str, source: dict, t
 
 def _tail(text: str) -> str:
     return "\n".join(text.strip().splitlines()[-_LOG_TAIL_LINES:])
+
+
+# --- pruning task images -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    removed: tuple[str, ...] = ()
+    """Tags removed (or, in a dry run, that would be)."""
+    in_use: tuple[str, ...] = ()
+    """Stale tags kept because a container still uses their image."""
+    undecided: tuple[str, ...] = ()
+    """Tags of tasks whose current tag cannot be told (a task that does not load, a missing parent image)."""
+
+
+def current_task_tag(context_dir: Path, name: str, client: docker.DockerClient | None = None) -> str | None:
+    """The tag `ensure_image` gives this build context now, without building; None when a parent image is
+    missing locally, since the tag depends on the parent's id."""
+    context_dir = Path(context_dir)
+    client = connect(client)
+    parents = _from_images((context_dir / "Dockerfile").read_text(errors="replace"))
+    ids = _local_image_ids(client, parents)
+    if len(ids) < len(parents - _stage_names(context_dir / "Dockerfile") - {"scratch"}):
+        return None
+    return f"{TASK_REPOSITORY}{slug(name)}:{context_hash(context_dir, ids)}"
+
+
+def prune_task_images(
+    current: Mapping[str, str | None],
+    roots: Iterable[Path],
+    *,
+    client: docker.DockerClient | None = None,
+    dry_run: bool = False,
+) -> PruneReport:
+    """Remove the task images that no task in ``roots`` needs any more.
+
+    ``current`` maps the name of every task folder in ``roots`` to the tag it needs now (None: cannot
+    tell, so its images are kept). A tag is removed when its image was built from a folder in
+    ``roots`` (the context label) and is not its task's current tag, or its folder is no longer a
+    task. Images built before the label existed are matched by task name instead. Images built from
+    anywhere else, the base image, and images a container uses are never removed.
+    """
+    client = connect(client)
+    roots = [Path(r).resolve() for r in roots]
+    needed = {tag for tag in current.values() if tag is not None}
+    by_slug = {slug(name): tag for name, tag in current.items()}
+    removed, in_use, undecided = [], [], []
+    for image in client.api.images(filters={"label": IMAGE_LABEL}):
+        context = (image.get("Labels") or {}).get(CONTEXT_LABEL)
+        for tag in image.get("RepoTags") or []:
+            if not tag.startswith(TASK_REPOSITORY) or tag in needed or tag == base_image_tag():
+                continue
+            task_slug = tag[len(TASK_REPOSITORY) :].rpartition(":")[0]
+            verdict = _verdict(context, task_slug, roots, current, by_slug)
+            if verdict is _Verdict.UNDECIDED:
+                undecided.append(tag)
+            elif verdict is _Verdict.STALE and (dry_run or _untag(client, tag)):
+                removed.append(tag)
+            elif verdict is _Verdict.STALE:
+                in_use.append(tag)
+    return PruneReport(tuple(sorted(removed)), tuple(sorted(in_use)), tuple(sorted(undecided)))
+
+
+class _Verdict(Enum):
+    NOT_OURS = "not ours"
+    UNDECIDED = "undecided"
+    STALE = "stale"
+
+
+def _verdict(
+    context: str | None, task_slug: str, roots: list[Path], current: Mapping[str, str | None],
+    by_slug: Mapping[str, str | None],
+) -> _Verdict:  # fmt: skip
+    """Whose image a tag is, and whether its task still needs it (the current tags are already kept)."""
+    if context is None:  # built before images recorded their folder: go by the task's name
+        if task_slug not in by_slug:
+            return _Verdict.NOT_OURS
+        return _Verdict.UNDECIDED if by_slug[task_slug] is None else _Verdict.STALE
+    for root in roots:
+        try:
+            task = Path(context).relative_to(root).parts[0]
+        except (ValueError, IndexError):
+            continue
+        if task in current and current[task] is None:
+            return _Verdict.UNDECIDED
+        return _Verdict.STALE  # an older tag of a current task, or the image of a task folder now gone
+    return _Verdict.NOT_OURS
+
+
+def _untag_replaced(client: docker.DockerClient, tag: str, context: str) -> None:
+    """After a rebuild, drop the task's older tags built from the same folder, so they do not pile up."""
+    repository = tag.rpartition(":")[0]
+    for image in client.api.images(name=repository, filters={"label": f"{CONTEXT_LABEL}={context}"}):
+        for old in image.get("RepoTags") or []:
+            if old != tag and old.rpartition(":")[0] == repository:
+                _untag(client, old)
+
+
+def _untag(client: docker.DockerClient, tag: str) -> bool:
+    """Remove a tag (the image too, once no tag is left); False when a container still uses the image."""
+    try:
+        client.api.remove_image(tag)
+    except ImageNotFound:
+        return True
+    except APIError as exc:
+        if exc.status_code == 409:
+            return False
+        raise
+    return True
+
+
+def _stage_names(dockerfile: Path) -> set[str]:
+    """``FROM x AS name`` stage names, which later FROM lines may use and are no images."""
+    text = dockerfile.read_text(errors="replace")
+    return {m.group(1) for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", text)}

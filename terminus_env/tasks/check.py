@@ -119,7 +119,7 @@ async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
             await sandbox.close()
     passed = result.reward == _EXPECTED[check]
     if not passed:
-        detail = "; ".join(x for x in (detail, result.reason, _one_line(result.output[-300:])) if x)
+        detail = "; ".join(x for x in (detail, result.reason, result.failure or _output_tail(result.output)) if x)
     return CheckOutcome(task.name, check, result.reward, passed, time.monotonic() - start, detail)
 
 
@@ -191,3 +191,12 @@ def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], out: Text
 
 def _one_line(value: object) -> str:
     return " ".join(str(value).split())
+
+
+def _output_tail(output: str, chars: int = 300) -> str:
+    """The end of the verifier's output when it names no failing test, starting at a whole word."""
+    text = _one_line(output)
+    if len(text) <= chars:
+        return text
+    tail = text[-chars:]
+    return "…" + tail[tail.find(" ") + 1 :] if " " in tail else "…" + tail

@@ -34,6 +34,7 @@ VERIFIER_LOGS = "/logs/verifier"
 REWARD_TXT = f"{VERIFIER_LOGS}/reward.txt"
 REWARD_JSON = f"{VERIFIER_LOGS}/reward.json"
 TEST_STDOUT = f"{VERIFIER_LOGS}/test-stdout.txt"
+CTRF_REPORT = f"{VERIFIER_LOGS}/ctrf.json"
 OUTPUT_CAP = 20_000
 """Characters of verifier output kept in a `GradeResult` (the tail, where the summary is)."""
 _LOG_READ_BYTES = 4_000_000
@@ -52,6 +53,8 @@ class GradeResult:
     duration_s: float
     reason: str | None = None
     """Why the reward is 0 when the verifier did not say so itself (timeout, missing reward file, ...)."""
+    failure: str | None = None
+    """The first failing test and its assertion, from the CTRF report or pytest's output (`first_failure`)."""
 
 
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
@@ -65,7 +68,8 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     run = await sandbox.verify(
         tests_archive(task), command, task.verifier_timeout_s,
         user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything
-        env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON), max_bytes=_LOG_READ_BYTES,
+        env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON, CTRF_REPORT),
+        max_bytes=_LOG_READ_BYTES,
     )  # fmt: skip
     output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
@@ -76,7 +80,9 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         reward, reason = pytest_reward(output)
     else:
         reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
-    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason)
+    # The first failing test: from the CTRF report if the verifier wrote one, else from its output (issue 11a).
+    failure = first_failure(output, run.files.get(CTRF_REPORT))
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure)
 
 
 def tests_archive(task: Task) -> bytes:
@@ -186,3 +192,76 @@ def pytest_reward(output: str) -> tuple[float, str | None]:
     if counts.get("passed", 0) == 0 or counts.get("failed", 0) or counts.get("error", 0):
         return 0.0, f"pytest: {summaries[-1]}"
     return 1.0, None
+
+
+# --- the first failing test ----------------------------------------------------------------------
+
+FAILURE_CAP = 300
+"""Characters kept of the first failure (test name and assertion), cut at a word."""
+_SUMMARY_LINE = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$", re.MULTILINE)
+_SECTION_HEADER = re.compile(r"^_{3,} (?:ERROR at \w+ of |ERROR collecting )?(.+?) _{3,}$", re.MULTILINE)
+_SECTION_END = re.compile(r"^(?:_{3,} .* _{3,}|={3,}.*)$", re.MULTILINE)
+_ASSERTION_LINE = re.compile(r"^E {2,}(\S.*)$", re.MULTILINE)
+
+
+def first_failure(output: str, ctrf: bytes | None = None) -> str | None:
+    """The first failing test and its assertion, as ``"tests/test_x.py::test_y: AssertionError: ..."``.
+
+    The CTRF report that most Terminal-Bench 2 verifiers write comes first; then pytest's short test
+    summary, with the assertion taken from that test's section of the report, where pytest does not
+    cut it to the terminal's width. None when neither names a failing test.
+    """
+    return (_ctrf_failure(ctrf) if ctrf else None) or _pytest_failure(output)
+
+
+def _ctrf_failure(report: bytes) -> str | None:
+    try:
+        tests = json.loads(report)["results"]["tests"]
+        failed = next((t for t in tests if isinstance(t, dict) and t.get("status") == "failed"), None)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None  # a missing or malformed report: fall back to the output
+    if failed is None or not isinstance(failed.get("name"), str):
+        return None
+    message = failed.get("message") if isinstance(failed.get("message"), str) else ""
+    trace = failed.get("trace") if isinstance(failed.get("trace"), str) else ""
+    assertion = _first_line(message) or _first_assertion(trace)
+    return _clip(f"{failed['name']}: {assertion}" if assertion else failed["name"])
+
+
+def _pytest_failure(output: str) -> str | None:
+    summary = _SUMMARY_LINE.findall(output)
+    chosen = next((s for s in summary if s[0] == "FAILED"), summary[0] if summary else None)
+    if chosen is None:  # no short summary (e.g. `-p no:terminal`-style runs): the first failure section
+        header = _SECTION_HEADER.search(output)
+        if header is None:
+            return None
+        assertion = _first_assertion(_section(output, header))
+        return _clip(f"{header.group(1)}: {assertion}" if assertion else header.group(1))
+    _, node_id, short_message = chosen
+    section_name = ".".join(node_id.split("::")[1:]) or node_id  # pytest's section title for this test
+    header = next((h for h in _SECTION_HEADER.finditer(output) if h.group(1) == section_name), None)
+    assertion = (_first_assertion(_section(output, header)) if header else None) or short_message
+    return _clip(f"{node_id}: {assertion}" if assertion else node_id)
+
+
+def _section(output: str, header: re.Match[str]) -> str:
+    end = _SECTION_END.search(output, header.end())
+    return output[header.end() : end.start() if end else len(output)]
+
+
+def _first_assertion(text: str) -> str | None:
+    match = _ASSERTION_LINE.search(text)
+    return match.group(1).strip() if match else None
+
+
+def _first_line(text: str) -> str | None:
+    return next((line.strip() for line in text.splitlines() if line.strip()), None)
+
+
+def _clip(text: str) -> str:
+    """One line, at most FAILURE_CAP characters, cut between words."""
+    text = " ".join(text.split())
+    if len(text) <= FAILURE_CAP:
+        return text
+    cut = text.rfind(" ", 0, FAILURE_CAP)
+    return text[: cut if cut > FAILURE_CAP // 2 else FAILURE_CAP - 1].rstrip() + "…"
