@@ -94,7 +94,9 @@ class Sandbox:
         try:
             container_id, image_user, disk_enforced = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
-            creating.add_done_callback(lambda done: done.exception() or _discard(client, done.result()[0]))
+            creating.add_done_callback(
+                lambda done: done.cancelled() or done.exception() or _discard(client, done.result()[0])
+            )
             raise
         try:
             user = spec.user or image_user or None
