@@ -254,7 +254,8 @@ def _token_turns(trajectory: Trajectory) -> list[tuple[int, TurnRecord]]:
             )
         if turn.logprobs is not None and len(turn.logprobs) != len(turn.token_ids):
             raise TrainingDataError(
-                f"{where}: {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens; the engine's reply is corrupt"
+                f"{where}: {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens; "
+                "the engine's reply is corrupt"
             )
         out.append((index, turn))
     return out

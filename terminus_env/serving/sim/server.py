@@ -2,8 +2,9 @@
 
 Each engine runs a loop: ``dt = step()``, sleep ``dt × time_scale``, hand finished requests back
 to their HTTP handlers. Replies come from a :class:`ReplySource` and are tokenized with the toy
-tokenizer (or a real tokenizer's chat template, through ``TemplateTokenizer``), so token counts, ``max_tokens`` cuts, context-length errors and prefix reuse behave as
-on a real server while the words come from a script or an oracle.
+tokenizer (or a real tokenizer's chat template, through ``TemplateTokenizer``), so token counts,
+``max_tokens`` cuts, context-length errors and prefix reuse behave as on a real server while the
+words come from a script or an oracle.
 """
 
 from __future__ import annotations
