@@ -64,6 +64,9 @@ class MaskingPolicy:
     scope: MaskScope = MaskScope.ROW
 
 
+DEFAULT_MASKING = MaskingPolicy()
+
+
 def mask_reason(trajectory: Trajectory, policy: MaskingPolicy) -> str | None:
     """Why a rollout is masked on its own, or None when it trains. The one mapping from endings to masks.
 
@@ -140,7 +143,7 @@ class MergedSequence:
     policy_versions: tuple[Any, ...] = ()
 
 
-def step_rows(trajectories: Sequence[Trajectory], masking: MaskingPolicy = MaskingPolicy()) -> list[StepRow]:
+def step_rows(trajectories: Sequence[Trajectory], masking: MaskingPolicy = DEFAULT_MASKING) -> list[StepRow]:
     """One row per model turn; the reward sits on each trajectory's last step."""
     rows: list[StepRow] = []
     for trajectory, reason in zip(trajectories, mask_reasons(trajectories, masking), strict=True):
@@ -173,7 +176,7 @@ def step_rows(trajectories: Sequence[Trajectory], masking: MaskingPolicy = Maski
 def merged_sequences(
     trajectories: Sequence[Trajectory],
     drift: DriftPolicy = DriftPolicy.REALIGN,
-    masking: MaskingPolicy = MaskingPolicy(),
+    masking: MaskingPolicy = DEFAULT_MASKING,
 ) -> list[MergedSequence]:
     """One sequence per trajectory (more under ``DriftPolicy.SPLIT`` when a turn drifted).
 
