@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -229,7 +230,10 @@ class SimServer:
             done = await driver.generate(sim_request)
         except Exception as exc:
             raise _ApiError(500, f"engine {driver.replica.engine} failed: {type(exc).__name__}: {exc}") from exc
-        return Response.json(200, self._completion_body(body, request_id, prompt, reply, done))
+        completion = self._completion_body(body, request_id, prompt, reply, done)
+        if body.get("stream"):
+            return Response(200, _event_stream(completion, body), content_type="text/event-stream")
+        return Response.json(200, completion)
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
         """vLLM's two context-length refusals, word for word where clients parse them."""
@@ -318,9 +322,26 @@ def _chat_body(request: Request) -> dict:
         raise _ApiError(400, f"request body is not JSON: {exc}") from exc
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise _ApiError(400, "a chat completion needs a non-empty 'messages' list")
-    if body.get("stream"):
-        raise _ApiError(400, "the simulator does not stream; send stream=false")
     return body
+
+
+def _event_stream(completion: dict, body: dict) -> bytes:
+    """A finished completion as server-sent events, as vLLM streams one: the whole reply in one delta,
+    then the finish reason, then usage when ``stream_options.include_usage`` asks for it."""
+    choice = completion["choices"][0]
+    base = {key: completion[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    delta = {"role": "assistant", "content": choice["message"]["content"]}
+    first = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+    if "token_ids" in choice:
+        first["token_ids"] = choice["token_ids"]
+    events = [
+        {**base, "choices": [first]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**base, "choices": [], "usage": completion["usage"]})
+    lines = [f"data: {json.dumps(event)}\n\n" for event in events] + ["data: [DONE]\n\n"]
+    return "".join(lines).encode()
 
 
 def _logprobs(texts: list[str], ids: list[int]) -> dict:
