@@ -11,8 +11,9 @@ Per rollout TRL gets one merged sequence (:mod:`terminus_env.training`): ``promp
 first prompt, ``completion_ids`` the completions and the environment's tokens between them,
 ``env_mask`` 1 on model tokens only, ``logprobs`` the engine's (0.0 between turns). The extra
 ``env_reward`` field carries the env's reward, ``None`` for a masked rollout: TRL then gives it
-advantage 0 and leaves it out of its group's baseline. ``trl vllm-serve`` starts a plain vLLM
-server, so ``base_urls`` may point at it (start it with ``--logprobs-mode processed_logprobs``).
+advantage 0 and leaves it out of its group's baseline. ``trl vllm-serve`` runs vLLM's own server
+(already with ``--logprobs-mode processed_logprobs``), so ``base_urls`` may point at it, as at
+``terminus-env serve`` replicas.
 
     pip install 'terminus-env[trl]'
 """
