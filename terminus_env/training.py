@@ -122,7 +122,10 @@ class StepRow:
 
 @dataclass(frozen=True)
 class MergedSequence:
-    """A whole trajectory (or, after a split, one drift-free part of it) as one token sequence."""
+    """A whole trajectory (or, after a split, one drift-free part of it) as one token sequence.
+
+    Every part of a split trajectory carries the trajectory's reward: the outcome is the episode's.
+    """
 
     rollout_id: str
     group_id: str

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -68,7 +69,7 @@ class TerminusAgentLoop(AgentLoopBase):
     ) -> None:
         kwargs.pop("name", None)  # the YAML entry's own name reaches the constructor too
         super().__init__(*args, **kwargs)
-        self.tasks = TaskLookup(load_tasks(Path(tasks_dir) if tasks_dir else shipped_tasks_dir()))
+        self.tasks = _task_lookup(str(Path(tasks_dir).resolve()) if tasks_dir else str(shipped_tasks_dir()))
         self.response_length = int(self.rollout_config.response_length)
         self.max_turn_tokens = max_turn_tokens or self.response_length
         self.env_kwargs = {"mode": mode, "max_turns": max_turns, "max_turn_tokens": self.max_turn_tokens}
@@ -117,6 +118,12 @@ class TerminusAgentLoop(AgentLoopBase):
             metrics=_metrics(started, policy),
             extra_fields=_extra(trajectory, "no_tokens", truncated=False),
         )
+
+
+@functools.lru_cache(maxsize=8)
+def _task_lookup(folder: str) -> TaskLookup:
+    """verl builds one agent loop per sample; the task folder is read once per worker."""
+    return TaskLookup(load_tasks(Path(folder)))
 
 
 class _ServerManagerPolicy:
