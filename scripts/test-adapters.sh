@@ -7,11 +7,23 @@ cd "$(dirname "$0")/.."
 libs=("$@")
 [ ${#libs[@]} -eq 0 ] && libs=(trl verl skyrl verifiers)
 stamp_value="$(sha256sum pyproject.toml | cut -c1-16)"
+
+# A Python >= 3.12 for skyrl: on PATH, else a pyenv build (pyenv's shim refuses versions not selected).
+python312() {
+    local candidate
+    for candidate in python3.12 python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[23]*/bin/python3; do
+        if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    echo "python3.12-not-found"
+}
 failed=()
 for lib in "${libs[@]}"; do
     venv=".venv-$lib"
     case "$lib" in
-        skyrl) python=python3.12; preinstall=() ;;      # skyrl needs Python >= 3.12
+        skyrl) python="$(python312)"; preinstall=() ;;  # skyrl needs Python >= 3.12
         verifiers) python=python3; preinstall=() ;;     # no torch
         *) python=python3; preinstall=(torch==2.13.0) ;; # the CPU build on disk; a plain torch pulls CUDA
     esac

@@ -12,11 +12,10 @@ import dataclasses
 
 import pytest
 import skyrl_gym
-from adapter_support import HalfRight, chatml_tokenizer, oracle_server
+from adapter_support import HalfRight, oracle_server
 from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID
 from skyrl.train.utils.trainer_utils import validate_generator_output
 
-from terminus_env import load_task
 from terminus_env.integrations.skyrl import ENV_ID, TerminusGenerator, TerminusTextEnv, register
 from terminus_env.rollout import ServingPolicy
 from terminus_env.rollout.policy import oracle_reply
@@ -24,16 +23,6 @@ from terminus_env.serving import ServingPool
 from terminus_env.training import MaskingPolicy
 
 pytestmark = pytest.mark.usefixtures("docker_required")
-
-
-@pytest.fixture(scope="module")
-def task(tiny_task_dir):
-    return load_task(tiny_task_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(task):
-    return chatml_tokenizer([task])
 
 
 def batch(task, instances: list[str], group: int) -> GeneratorInput:

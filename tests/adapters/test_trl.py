@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_support import HalfRight, chatml_tokenizer, oracle_server
+from adapter_support import HalfRight, oracle_server
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from terminus_env import load_task
 from terminus_env.bridge import shared_loop
 from terminus_env.integrations.trl import REWARD_FIELD, env_reward, make_rollout_func
 
 pytestmark = pytest.mark.usefixtures("docker_required")
-
-
-@pytest.fixture(scope="module")
-def task(tiny_task_dir):
-    return load_task(tiny_task_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(task):
-    return chatml_tokenizer([task])
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from verifiers.v1.clients import ModelContext
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.utils.loaders import environment_class, load_environment, taskset_class
 
-from terminus_env import load_task
 from terminus_env.integrations.verifiers import TerminusTaskset, TerminusVfEnv, TerminusVfEnvConfig
 from terminus_env.rollout.policy import OracleReplies, oracle_reply
 from terminus_env.serving.sim.server import ServerConfig, SimServer
@@ -27,11 +26,6 @@ from terminus_env.serving.sim.server import ServerConfig, SimServer
 pytestmark = pytest.mark.usefixtures("docker_required")
 PLUGIN_ID = "terminus-env-verifiers"
 KEY_VAR = "TERMINUS_SIM_API_KEY"
-
-
-@pytest.fixture(scope="module")
-def task(tiny_task_dir):
-    return load_task(tiny_task_dir)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import dataclasses
 
 import hydra
 import pytest
-from adapter_support import HalfRight, chatml_tokenizer, oracle_server
+from adapter_support import HalfRight, oracle_server
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
@@ -25,7 +25,6 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder, QwenContinuousTokenBuilder
 from verl.workers.rollout.replica import TokenOutput
 
-from terminus_env import load_task
 from terminus_env.integrations import verl as terminus_verl
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import oracle_reply
@@ -35,16 +34,6 @@ from terminus_env.training import merged_sequences
 pytestmark = pytest.mark.usefixtures("docker_required")
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 2048, 4096
-
-
-@pytest.fixture(scope="module")
-def task(tiny_task_dir):
-    return load_task(tiny_task_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(task):
-    return chatml_tokenizer([task])
 
 
 def trainer_config():
