@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit docs install-check bench clean
+.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check bench clean
 
 all: demo
 
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	bash scripts/ensure-python.sh
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,notebooks]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -55,6 +55,11 @@ install-check: base-image
 # The linter and the suite check first, then pytest, so the run closes on pytest's summary.
 test: lint check unit
 
+# The RL-library adapters against the real libraries, each in its own environment (.venv-trl, .venv-verl,
+# .venv-skyrl, .venv-verifiers): several GB each, so they stay out of `make test`; CI runs both.
+test-adapters: base-image
+	bash scripts/test-adapters.sh
+
 bench: base-image
 	$(PY) bench/parser.py
 	$(PY) bench/sandbox.py
@@ -62,4 +67,4 @@ bench: base-image
 
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .pytest_cache .hypothesis .bench-cache site dist
+	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .pytest_cache .hypothesis .bench-cache site dist

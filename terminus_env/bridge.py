@@ -1,13 +1,17 @@
 """Run coroutines from synchronous code, even where an event loop already runs (Jupyter).
 
 Sync wrappers cannot use ``asyncio.run`` inside a notebook, and ``run_until_complete`` fails on a
-running loop, so each sync user gets a private loop on a daemon thread.
+running loop, so they run coroutines on a loop on a daemon thread. Every sync env of a process
+shares one such loop, :func:`shared_loop`: a sandbox's control channel is bound to the loop that
+started it, so a warm :class:`~terminus_env.sandbox.SandboxPool` can only serve envs that share
+its loop. Create and close such a pool on the same loop (``shared_loop().run(pool.aclose())``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -88,3 +92,25 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+_shared: BackgroundLoop | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_loop() -> BackgroundLoop:
+    """The process-wide background loop behind every sync env (started on first use, never closed by an env)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = BackgroundLoop("terminus-env-shared-loop")
+        return _shared
+
+
+def _forget_shared_loop() -> None:
+    """A forked child has the parent's loop object but not its thread: start afresh there."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_shared_loop)

@@ -2,7 +2,8 @@
 
 An action is the model's whole reply (text, or a :class:`Reply` carrying what the engine said about
 it); an observation is the next user message. The async methods (``areset``, ``astep``,
-``aclose``) are the core; ``reset``/``step``/``close`` run them on a private background loop.
+``aclose``) are the core; ``reset``/``step``/``close`` run them on the process-wide background loop
+(:func:`terminus_env.bridge.shared_loop`), so sync envs can share one warm ``SandboxPool``.
 
 For many rollouts at once, prefer :class:`terminus_env.rollout.RolloutRunner` over
 ``gymnasium.make_vec``: it runs every episode on one event loop with a shared sandbox pool and
@@ -25,7 +26,7 @@ from typing import Any, Literal
 import gymnasium as gym
 from gymnasium import spaces
 
-from terminus_env.bridge import BackgroundLoop
+from terminus_env.bridge import shared_loop
 from terminus_env.protocol import MAX_COMMAND_DURATION, ParsedReply, Strictness, prompts
 from terminus_env.rules import (
     Counters,
@@ -142,7 +143,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self.observation_space = _text_space()
         self.action_space = _text_space()
         self._pool = sandbox_pool
-        self._bridge = BackgroundLoop(f"terminus-env:{self.task.name}")
+        self._bridge = shared_loop()  # one loop for every sync env, so they can share a SandboxPool
         self._closing = threading.Lock()
         self._episode: _Episode | None = None
         self._image: str | None = None
@@ -177,14 +178,13 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return self._bridge.run(self.astep(action))
 
     def close(self) -> None:
-        """Release the sandbox and stop the background loop; safe to call twice, and from two threads at once."""
+        """Release the sandbox; the shared loop stays up for other envs. Safe twice, and from two threads at once."""
         with self._closing:
             episode = self._episode
             if episode is not None and episode.loop is not self._bridge.loop:
                 _close_on_foreign_loop(episode.loop, self.aclose())
             elif episode is not None:
                 self._bridge.run(self.aclose())
-            self._bridge.close()
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

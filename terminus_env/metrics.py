@@ -13,6 +13,15 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class DriftCounts:
+    """Turns whose prompt did not extend the previous prompt plus completion (``terminus_env.training``)."""
+
+    drifted_turns: int = 0
+    realigned_tokens: int = 0
+    drifted_rollouts: int = 0
+
+
+@dataclass(frozen=True)
 class BatchMetrics:
     episodes: int
     mean_reward: float
@@ -25,17 +34,22 @@ class BatchMetrics:
     mean_turns: float
     env_errors: int
     end_reasons: dict[str, int] = field(default_factory=dict)
+    drifted_turns: int = 0
+    realigned_tokens: int = 0
+    drifted_rollouts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def aggregate(episodes: Iterable[Any]) -> BatchMetrics:
+def aggregate(episodes: Iterable[Any], drift: DriftCounts | None = None) -> BatchMetrics:
     """Summarise episode summaries: ``info["episode"]`` dicts, ``EpisodeSummary`` objects or trajectories.
 
     Episodes flagged ``env_error`` count in ``env_errors`` and ``end_reasons`` but not in the means,
-    since trainers mask them.
+    since trainers mask them. ``drift`` (from ``terminus_env.training.drift_counts``) adds the token
+    drift the training-data builder met in the same batch.
     """
+    drift = drift or DriftCounts()
     rows = [_as_mapping(e) for e in episodes]
     scored = [r for r in rows if not r.get("env_error", False)]
     n = len(scored)
@@ -53,6 +67,9 @@ def aggregate(episodes: Iterable[Any]) -> BatchMetrics:
         mean_turns=_mean(r["turns"] for r in scored),
         env_errors=len(rows) - n,
         end_reasons=dict(Counter(str(r["end_reason"]) for r in rows)),
+        drifted_turns=drift.drifted_turns,
+        realigned_tokens=drift.realigned_tokens,
+        drifted_rollouts=drift.drifted_rollouts,
     )
 
 

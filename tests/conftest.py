@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from terminus_env.config import REQUIRE_DOCKER, env_flag
+
+ADAPTER_TESTS = Path(__file__).parent / "adapters"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--adapters",
+        action="store_true",
+        help="collect tests/adapters (each needs its RL library installed: a missing one fails, never skips)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The adapter tests run in each library's own environment (``make test-adapters``), not in the default run."""
+    if collection_path == ADAPTER_TESTS and not config.getoption("--adapters"):
+        return True
+    return None
 
 
 def _docker_problem() -> str | None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from serving_support import pid_alive, terminate
 
-from terminus_env.serving.launcher import main
+from terminus_env.serving.launcher import build_parser, main, plan
 
 STUB = """#!{python}
 # A stand-in for `vllm serve MODEL --port P ...`: records how it was called, then becomes the sim server.
@@ -144,6 +144,7 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
         assert argv[:2] == ["serve", "tiny"] and "--enable-prefix-caching" in argv
         assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         assert argv[argv.index("--max-num-seqs") + 1] == "300"  # ceil(600/2) > vLLM's default of 256
+        assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"  # after temperature, for IS
         assert argv[-2:] == ["--gpu-memory-utilization", "0.9"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -200,3 +201,20 @@ def test_without_vllm_the_message_names_the_extra(tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["--model", "m"]) == 2
     assert "pip install 'terminus-env[vllm]'" in capsys.readouterr().err
+
+
+def test_logprobs_mode_is_processed_unless_told_otherwise():
+    def argv(*args: str) -> tuple[str, ...]:
+        return plan(build_parser().parse_args(["--model", "m", *args]), [], "vllm", "0")[0].argv
+
+    default = argv()
+    assert default[default.index("--logprobs-mode") + 1] == "processed_logprobs"
+    raw = argv("--logprobs-mode", "raw_logprobs")
+    assert raw[raw.index("--logprobs-mode") + 1] == "raw_logprobs"
+    assert "--logprobs-mode" not in argv("--logprobs-mode", "engine-default")
+
+
+def test_logprobs_mode_after_the_separator_is_refused(stub_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
+    assert main(["--model", "m", "--", "--logprobs-mode", "raw_logprobs"]) == 2
+    assert "--logprobs-mode after `--` conflicts" in capsys.readouterr().err

@@ -208,3 +208,25 @@ def test_an_engine_that_crashes_fails_its_requests_and_health():
             return await client.health()
 
     assert run(main()) is False
+
+
+def test_a_streamed_chat_is_the_same_completion_as_server_sent_events():
+    async def main():
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "logprobs": True}
+        async with SimServer(FAST) as server, httpx.AsyncClient(base_url=server.url) as http:
+            plain = (await http.post("/v1/chat/completions", json=body)).json()
+            streamed = await http.post(
+                "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+            )
+            return plain, streamed
+
+    plain, streamed = run(main())
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert content == plain["choices"][0]["message"]["content"] == DEFAULT_REPLY
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finish == ["stop"] and chunks[-1]["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]

@@ -8,7 +8,7 @@ import hashlib
 import io
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +35,8 @@ class PolicyOutput:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     replica: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    policy_version: Any = None
 
 
 class Policy(Protocol):
@@ -45,14 +47,24 @@ class Policy(Protocol):
 
 
 class ServingPolicy:
-    """Replies from a model behind a :class:`terminus_env.serving.ServingPool`."""
+    """Replies from a model behind a :class:`terminus_env.serving.ServingPool`.
+
+    ``policy_version`` names the weights the servers hold; a trainer sets it after each weight sync,
+    and every turn records the version current when its request was sent, with its sampling parameters.
+    """
 
     def __init__(
-        self, pool: ServingPool, *, max_tokens: int = 16384, sampling: Mapping[str, Any] | None = None
+        self,
+        pool: ServingPool,
+        *,
+        max_tokens: int = 16384,
+        sampling: Mapping[str, Any] | None = None,
+        policy_version: Any = None,
     ) -> None:
         self._pool = pool
         self._max_tokens = max_tokens
         self._sampling = dict(sampling or {})
+        self.policy_version = policy_version
 
     def session(self, rollout: Rollout) -> contextlib.AbstractAsyncContextManager[None]:
         return self._pool.session(rollout.rollout_id, rollout.group_id)
@@ -60,6 +72,8 @@ class ServingPolicy:
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         from terminus_env.serving import ContextLengthExceeded
 
+        version = self.policy_version
+        sampling = {"max_tokens": self._max_tokens, **self._sampling}
         try:
             completion = await self._pool.chat(
                 rollout.rollout_id,
@@ -69,7 +83,9 @@ class ServingPolicy:
                 **self._sampling,
             )
         except ContextLengthExceeded:
-            return PolicyOutput(reply=Reply(text="", finish_reason="context_length"))
+            return PolicyOutput(
+                reply=Reply(text="", finish_reason="context_length"), sampling=sampling, policy_version=version
+            )
         return PolicyOutput(
             reply=Reply(
                 text=completion.text,
@@ -81,6 +97,8 @@ class ServingPolicy:
             token_ids=completion.token_ids,
             logprobs=completion.logprobs,
             replica=completion.replica,
+            sampling=sampling,
+            policy_version=version,
         )
 
 

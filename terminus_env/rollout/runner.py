@@ -85,6 +85,8 @@ class RolloutRunner:
                     replica=out.replica,
                     format_error=info["format_error"],
                     warnings=info["warnings"],
+                    sampling=out.sampling,
+                    policy_version=out.policy_version,
                 )
             )
             if terminated or truncated:

@@ -10,7 +10,11 @@ from terminus_env.env import EpisodeSummary
 
 @dataclass(frozen=True)
 class TurnRecord:
-    """One model turn, with the token-level data an RL trainer needs."""
+    """One model turn, with the token-level data an RL trainer needs.
+
+    Asynchronous RL must know which weights produced which tokens and under which sampling
+    parameters (importance sampling, staleness limits), so each turn records both.
+    """
 
     reply: str
     finish_reason: str
@@ -22,6 +26,8 @@ class TurnRecord:
     replica: str | None = None
     format_error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)  # what the request asked for (max_tokens, temperature...)
+    policy_version: Any = None  # which weights produced the tokens, as the policy names them (a trainer step, say)
 
 
 @dataclass

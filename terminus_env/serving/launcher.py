@@ -2,7 +2,10 @@
 
 Data parallelism is N independent ``vllm serve`` processes rather than one ``--data-parallel-size``
 server, so each replica has its own URL and the ServingPool can route sessions and fail over per
-replica. Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their prefix).
+replica. Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their prefix) and
+``--logprobs-mode processed_logprobs``: vLLM's default reports raw logprobs, before temperature and
+top-p/top-k, which are not the probabilities the tokens were sampled from, so importance-sampling
+corrections in RL would be wrong. ``--logprobs-mode engine-default`` leaves vLLM's choice.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
 from terminus_env.errors import TerminusError
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
-_OWNED_FLAGS = ("--port", "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp", "--max-num-seqs")
+LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
+ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
+_OWNED_FLAGS = (
+    "--port",
+    "--tensor-parallel-size",
+    "-tp",
+    "--data-parallel-size",
+    "-dp",
+    "--max-num-seqs",
+    "--logprobs-mode",
+)
 
 
 class LaunchError(TerminusError):
@@ -62,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="rollouts you will keep in flight across all replicas (checks --max-num-seqs)",
     )
+    parser.add_argument(
+        "--logprobs-mode",
+        choices=(*LOGPROBS_MODES, ENGINE_DEFAULT),
+        default="processed_logprobs",
+        help="vLLM's --logprobs-mode (default processed_logprobs: after temperature, as importance sampling needs)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
@@ -77,7 +96,7 @@ def plan(args: argparse.Namespace, extra: Sequence[str], vllm: str, visible_gpus
     if owned:
         raise LaunchError(
             f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
-            "use --dp, --tp, --port and --max-num-seqs instead"
+            "use --dp, --tp, --port, --max-num-seqs and --logprobs-mode instead"
         )
     max_num_seqs = _max_num_seqs(args.max_num_seqs, args.planned_concurrency, args.dp)
     gpus = visible_gpus.split(",") if visible_gpus else [str(i) for i in range(args.dp * args.tp)]
@@ -103,6 +122,8 @@ def plan(args: argparse.Namespace, extra: Sequence[str], vllm: str, visible_gpus
             argv += ["--host", args.host]
         if max_num_seqs is not None:
             argv += ["--max-num-seqs", str(max_num_seqs)]
+        if args.logprobs_mode != ENGINE_DEFAULT:
+            argv += ["--logprobs-mode", args.logprobs_mode]
         replicas.append(Replica(i, port, tuple(gpus[i * args.tp : (i + 1) * args.tp]), tuple(argv + list(extra))))
     return replicas
 

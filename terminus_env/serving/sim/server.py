@@ -2,14 +2,16 @@
 
 Each engine runs a loop: ``dt = step()``, sleep ``dt × time_scale``, hand finished requests back
 to their HTTP handlers. Replies come from a :class:`ReplySource` and are tokenized with the toy
-tokenizer, so token counts, ``max_tokens`` cuts, context-length errors and prefix reuse behave as
-on a real server while the words come from a script or an oracle.
+tokenizer (or a real tokenizer's chat template, through ``TemplateTokenizer``), so token counts,
+``max_tokens`` cuts, context-length errors and prefix reuse behave as on a real server while the
+words come from a script or an oracle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from terminus_env.serving.sim.engine import SimConfig, SimFinished, SimReplica, 
 from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
 from terminus_env.serving.sim.http import Request, Response, serve_connection
 from terminus_env.serving.sim.replies import ReplySource, default_reply
-from terminus_env.serving.sim.tokenizer import IM_END, encode_chat, pieces, token_id
+from terminus_env.serving.sim.tokenizer import ChatTokenizer, ToyTokenizer
 
 DP_RANK_HEADER = "x-data-parallel-rank"
 
@@ -107,9 +109,15 @@ class _EngineDriver:
 class SimServer:
     """``async with SimServer(config) as server: server.url`` — or ``start()`` / ``aclose()``."""
 
-    def __init__(self, config: ServerConfig | None = None, replies: ReplySource = default_reply) -> None:
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        replies: ReplySource = default_reply,
+        tokenizer: ChatTokenizer | None = None,
+    ) -> None:
         self.config = config or ServerConfig()
         self._replies = replies
+        self._tokenizer = tokenizer or ToyTokenizer()
         replicas = [SimReplica(self.config.engine, engine=str(i)) for i in range(self.config.engines)]
         self._exposition = Exposition(self.config.model, replicas)
         self._drivers = [_EngineDriver(r, self.config.time_scale, self._exposition.observe) for r in replicas]
@@ -199,26 +207,33 @@ class SimServer:
         return Response.json(200, {"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
-        body, prompt = _chat_body(request)
+        body = _chat_body(request)
+        try:
+            prompt = self._tokenizer.chat_prompt(body["messages"])
+        except ValueError as exc:
+            raise _ApiError(400, str(exc)) from exc
         if body.get("model") not in (None, self.config.model):
             raise _ApiError(404, f"The model `{body['model']}` does not exist.")
         messages = body["messages"]
         max_tokens = self._check_context(len(prompt), body.get("max_completion_tokens") or body.get("max_tokens"))
         try:
-            reply = pieces(self._replies(messages))
+            reply = self._tokenizer.reply(self._replies(messages))
         except Exception as exc:  # a broken script or oracle is the server's fault, as a model crash would be
             raise _ApiError(500, f"reply source failed: {type(exc).__name__}: {exc}") from exc
         request_id = f"chatcmpl-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
-        output_ids = (*(token_id(piece) for piece in reply), IM_END)
+        output_ids = (*(token for _, token in reply), self._tokenizer.end_of_turn[1])
         sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(output_ids),
                                  output_token_ids=output_ids)
         try:
             done = await driver.generate(sim_request)
         except Exception as exc:
             raise _ApiError(500, f"engine {driver.replica.engine} failed: {type(exc).__name__}: {exc}") from exc
-        return Response.json(200, self._completion_body(body, request_id, prompt, reply, done))
+        completion = self._completion_body(body, request_id, prompt, reply, done)
+        if body.get("stream"):
+            return Response(200, _event_stream(completion, body), content_type="text/event-stream")
+        return Response.json(200, completion)
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
         """vLLM's two context-length refusals, word for word where clients parse them."""
@@ -252,14 +267,15 @@ class SimServer:
         return self._drivers[int(rank)]
 
     def _completion_body(
-        self, body: dict, request_id: str, prompt: list[int], reply: list[str], done: SimFinished
+        self, body: dict, request_id: str, prompt: list[int], reply: list[tuple[str, int]], done: SimFinished
     ) -> dict:
         kept = reply[: done.output_tokens]
-        texts = kept + ["<|im_end|>"] * (done.output_tokens - len(kept))
-        ids = [token_id(piece) for piece in kept] + [IM_END] * (done.output_tokens - len(kept))
+        ends = [self._tokenizer.end_of_turn] * (done.output_tokens - len(kept))
+        texts = [text for text, _ in kept + ends]
+        ids = [token for _, token in kept + ends]
         choice: dict = {
             "index": 0,
-            "message": {"role": "assistant", "content": "".join(kept), "tool_calls": []},
+            "message": {"role": "assistant", "content": "".join(text for text, _ in kept), "tool_calls": []},
             "logprobs": _logprobs(texts, ids) if body.get("logprobs") else None,
             "finish_reason": done.finish_reason,
             "stop_reason": None,
@@ -298,20 +314,34 @@ class _ApiError(Exception):
         return Response.json(self.status, {"error": error})
 
 
-def _chat_body(request: Request) -> tuple[dict, list[int]]:
-    """The request's JSON and its prompt tokens, or a 400 saying what is wrong."""
+def _chat_body(request: Request) -> dict:
+    """The request's JSON, or a 400 saying what is wrong."""
     try:
         body = request.json()
     except ValueError as exc:
         raise _ApiError(400, f"request body is not JSON: {exc}") from exc
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise _ApiError(400, "a chat completion needs a non-empty 'messages' list")
-    if body.get("stream"):
-        raise _ApiError(400, "the simulator does not stream; send stream=false")
-    try:
-        return body, encode_chat(body["messages"])
-    except ValueError as exc:
-        raise _ApiError(400, str(exc)) from exc
+    return body
+
+
+def _event_stream(completion: dict, body: dict) -> bytes:
+    """A finished completion as server-sent events, as vLLM streams one: the whole reply in one delta,
+    then the finish reason, then usage when ``stream_options.include_usage`` asks for it."""
+    choice = completion["choices"][0]
+    base = {key: completion[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    delta = {"role": "assistant", "content": choice["message"]["content"]}
+    first = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+    if "token_ids" in choice:
+        first["token_ids"] = choice["token_ids"]
+    events = [
+        {**base, "choices": [first]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**base, "choices": [], "usage": completion["usage"]})
+    lines = [f"data: {json.dumps(event)}\n\n" for event in events] + ["data: [DONE]\n\n"]
+    return "".join(lines).encode()
 
 
 def _logprobs(texts: list[str], ids: list[int]) -> dict:

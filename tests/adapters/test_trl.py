@@ -1,0 +1,126 @@
+"""TRL: our rollout_func through GRPOTrainer's own code path, and one real optimizer step on CPU.
+
+Real Docker episodes; replies from the simulated vLLM replica, tokenized by a ChatML tokenizer built
+here; a tiny randomly initialised Qwen2 model. Needs ``pip install 'terminus-env[trl]'``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adapter_support import HalfRight, oracle_server
+from datasets import Dataset
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from terminus_env.bridge import shared_loop
+from terminus_env.integrations.trl import REWARD_FIELD, env_reward, make_rollout_func
+
+pytestmark = pytest.mark.usefixtures("docker_required")
+
+
+@pytest.fixture(scope="module")
+def server(task, tokenizer):
+    server = oracle_server([task], tokenizer, HalfRight([task]))
+    shared_loop().run(server.start())  # on the loop where the rollout func's serving pool lives
+    yield server
+    shared_loop().run(server.aclose())
+
+
+def tiny_model(tokenizer) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def test_one_grpo_optimizer_step_on_cpu_on_our_rollouts(task, tokenizer, server, tmp_path):
+    seen_prompts: list[list] = []
+    rollouts = make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048)
+
+    def rollout_func(prompts, trainer):
+        seen_prompts.append(list(prompts))
+        return rollouts(prompts, trainer)
+
+    rewards_seen: list[list] = []
+
+    def reward(completions, **kwargs):
+        rewards_seen.append(list(kwargs[REWARD_FIELD]))
+        return env_reward(completions, **kwargs)
+
+    model = tiny_model(tokenizer)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_steps=1,
+        learning_rate=1e-2,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        bf16=False,
+        beta=0.0,
+        max_completion_length=4096,
+    )
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": task.name}]] * 4})
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+    try:
+        trainer.train()
+    finally:
+        rollouts.close()
+
+    # TRL 1.16 hands rollout_func each prompt num_generations times in a row; one run is one GRPO group.
+    assert len(seen_prompts) == 1 and len(seen_prompts[0]) == 2 and seen_prompts[0][0] == seen_prompts[0][1]
+    trajectories = rollouts.last_trajectories
+    assert sorted(t.reward for t in trajectories) == [0.0, 1.0] and len({t.group_id for t in trajectories}) == 1
+    assert rewards_seen == [[t.reward for t in trajectories]]
+    # Token-exact: TRL received the engine's ids, which decode back to the conversation.
+    first = trajectories[0].turns[-1]
+    assert tokenizer.decode(first.token_ids, skip_special_tokens=True) == first.reply
+    assert all(turn.policy_version == 0 for t in trajectories for turn in t.turns)  # trainer.state.global_step
+    after = dict(model.named_parameters())
+    changed = [name for name, p in after.items() if not torch.equal(p.detach(), before[name])]
+    assert changed, "the optimizer step changed no weight"
+    logged = trainer.state.log_history[0]
+    assert logged["reward"] == 0.5 and logged["env/mean_reward"] == 0.5 and logged["env/drifted_turns"] == 0.0
+    assert logged["loss"] != 0.0 and logged["grad_norm"] > 0.0
+
+
+def test_rollout_func_output_passes_trls_checks_and_masks_with_none(task, tokenizer, server):
+    class Trainer:  # what rollout_func reads of the trainer: its step and its tokenizer
+        class state:
+            global_step = 3
+
+        processing_class = tokenizer
+
+    with make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048) as rollouts:
+        out = rollouts([task.instruction, task.instruction], Trainer())
+    assert {"prompt_ids", "completion_ids", "logprobs"} <= out.keys()  # what GRPOTrainer._generate requires
+    for ids, mask, logprobs in zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True):
+        assert len(ids) == len(mask) == len(logprobs) and 0 < sum(mask) < len(mask)
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
+    assert sorted(out[REWARD_FIELD]) == [0.0, 1.0]
+    for i, trajectory in enumerate(rollouts.last_trajectories):
+        text = tokenizer.decode(out["prompt_ids"][i] + out["completion_ids"][i])
+        # Between turns, the template's newline after <|im_end|>, taken from the engine's next prompt.
+        assert text.count("<|im_end|>\n<|im_start|>user") == len(trajectory.turns) - 1 > 0
+        assert all(turn.policy_version == 3 for turn in trajectory.turns)
