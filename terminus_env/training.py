@@ -21,9 +21,9 @@ from typing import Any
 from terminus_env.errors import TerminusError
 from terminus_env.metrics import DriftCounts
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
+from terminus_env.rules import EndReason
 
 # How an episode ended, as the env reports it today (``EpisodeSummary.end_reason``).
-TIME_LIMIT_ENDS = frozenset({"agent_timeout", "max_turns"})
 
 
 class TrainingDataError(TerminusError, ValueError):
@@ -70,17 +70,17 @@ DEFAULT_MASKING = MaskingPolicy()
 def mask_reason(trajectory: Trajectory, policy: MaskingPolicy) -> str | None:
     """Why a rollout is masked on its own, or None when it trains. The one mapping from endings to masks.
 
-    A rollout without a summary never ran (its sandbox failed to start); an ``env_error`` is the
-    environment's fault. Endings the agent caused (a format error, a truncated turn, a full context)
-    train with their reward 0: masking them would hide the agent's own failures from it.
+    A rollout without a summary never ran (its sandbox failed to start); a masked end reason
+    (``EndReason.masked``: only ``env_error``) is the infrastructure's fault. Endings the agent caused
+    (a format error, a truncated turn, a full context, a broken shell, a resource limit) train with
+    their reward: masking them would hide the agent's own failures from it.
     """
     summary = trajectory.summary
     if summary is None:
         return "no_episode"
-    if summary.env_error:
-        return "env_error"
-    if summary.end_reason in TIME_LIMIT_ENDS and policy.time_limits is TimeLimitEnds.MASKED:
-        return summary.end_reason
+    reason = EndReason(summary.end_reason)  # a plain string when the trajectory was read back from JSON
+    if reason.masked or (reason.truncated and policy.time_limits is TimeLimitEnds.MASKED):
+        return reason.value
     return None
 
 
