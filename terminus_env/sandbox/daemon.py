@@ -258,27 +258,53 @@ def descendants(root):
     return found
 
 
-def kill_tree(root):
-    """SIGKILL ``root``, everything below it and every process in their sessions, until none is left."""
-    for _ in range(50):  # a fork bomb adds members while we kill; repeat until the tree is empty
+def kill_tree(root, rounds=500):
+    """Stop for good ``root``, everything below it, and every process in their sessions.
+
+    A fork bomb adds members while we kill, so the members are frozen first (SIGSTOP: a stopped process cannot
+    fork), round after round until no new one appears, then killed. Sessions are remembered across rounds: the
+    bomb's processes outlive the session leader that started them.
+    """
+    sessions = set()
+    for _ in range(rounds):
         members = set([root] + descendants(root))
-        sessions = set()
         for pid in members:
             try:
-                fields = _stat_fields(pid)
-            except (OSError, IndexError):
-                continue
-            if int(fields[3]) == pid:
-                sessions.add(pid)
-        for pid in _pids():
-            try:
-                if pid in members or int(_stat_fields(pid)[3]) in sessions:
-                    os.kill(pid, signal.SIGKILL)
+                if int(_stat_fields(pid)[3]) == pid:
+                    sessions.add(pid)
             except (OSError, IndexError, ValueError):
                 continue
-        if not any(os.path.exists("/proc/{}".format(pid)) and not _zombie(pid) for pid in members):
+        members.update(pid for pid in _pids() if _session(pid) in sessions)
+        alive = [pid for pid in members if not _zombie(pid)]
+        if not alive:
             return
-        time.sleep(0.01)
+        for pid in alive:
+            _signal(pid, signal.SIGSTOP)
+        if all(_stopped(pid) for pid in alive):
+            for pid in alive:
+                _signal(pid, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def _session(pid):
+    try:
+        return int(_stat_fields(pid)[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _stopped(pid):
+    try:
+        return _stat_fields(pid)[0] in "TtZX"
+    except (OSError, IndexError):
+        return True
+
+
+def _signal(pid, number):
+    try:
+        os.kill(pid, number)
+    except OSError:
+        pass
 
 
 def _zombie(pid):
