@@ -309,8 +309,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                 else:
                     result = await grade(_sandbox(episode), self.task)
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
-            except ResourcesExhausted as exc:  # the agent's processes left nothing for the verifier to start with
-                reason, graded, error = EndReason.RESOURCE_LIMIT, False, f"the verifier could not start: {exc}"
+            except ResourcesExhausted as exc:  # the agent's processes starved the verifier of pids or memory
+                reason, graded, error = EndReason.RESOURCE_LIMIT, False, f"the verifier was starved: {exc}"
             except SandboxError as exc:
                 error = f"grading failed: {type(exc).__name__}: {exc}"
                 graded = False  # an agent's failure stays the agent's (reward 0); anything else is masked

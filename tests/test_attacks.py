@@ -170,19 +170,37 @@ def test_breaking_the_terminal_is_the_agents_failure_graded_as_it_stands(task, b
     assert info["episode"]["graded"] and reward == 1.0, "the task was solved before the shell was broken"
 
 
-def test_a_fork_bomb_under_timeout_is_the_agents_failure(task):
-    """``timeout`` does not stop a fork bomb: its children outlive it and hold every pid of the sandbox. The
-    daemon keeps answering (it started its threads up front), and the verifier cannot start: reward 0, the
-    agent's fault, never masked."""
-    bomb = "timeout 8 bash -c 'bomb() { bomb | bomb & }; bomb'; echo bomb-over\n"
+def test_a_fork_bomb_under_timeout_never_masks_the_episode(task):
+    """``timeout`` does not reliably stop a fork bomb: its children may outlive it and hold every pid. The daemon
+    keeps answering (it started its threads up front). Whether the bomb's remains still hold the pids when the
+    verifier runs is a race, so both endings are allowed, each with the reward it implies: the verifier starved
+    (it could not start, or the container hit its pids limit while it ran) is the agent's failure; a masked
+    env_error, or a reward of 0 for the solved task with nobody to blame, never happens."""
+    bomb = "timeout 8 bash -c 'bomb() { bomb | bomb & }; bomb'\n"
     with started(task, mode="eval") as env:
         env.step(reply(WRITE))
-        obs, *_ = env.step(reply(bomb, duration=30))
-        assert "bomb-over" in obs
+        obs, *_ = env.step(reply(bomb, duration=10))
+        assert "fork" in obs, "the bomb must have exhausted the pids"
+        _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
+    assert terminated and info["env_error"] is False, info["episode"]
+    assert (info["end_reason"], reward, info["episode"]["fault"]) in {
+        (EndReason.TASK_COMPLETE, 1.0, Fault.NONE),
+        (EndReason.RESOURCE_LIMIT, 0.0, Fault.AGENT),
+    }, info["episode"]
+
+
+def test_holding_every_pid_at_grading_is_the_agents_failure(task):
+    """Processes the agent leaves holding every pid of the sandbox leave the verifier none: reward 0, the agent's
+    fault, never masked, even though the task was solved."""
+    hog = "for i in $(seq 1 1100); do (exec sleep 600) & done 2> /dev/null; echo hog-done\n"
+    with started(task, mode="eval") as env:
+        env.step(reply(WRITE))
+        obs, *_ = env.step(reply(hog, duration=30))
+        assert "hog-done" in obs
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
     assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT and info["env_error"] is False
     assert reward == 0.0 and info["episode"]["fault"] == Fault.AGENT
-    assert "the verifier could not start" in info["episode"]["error"]
+    assert "the verifier was starved" in info["episode"]["error"]
 
 
 def test_the_agents_side_holds_no_capability_to_leave_it(task):

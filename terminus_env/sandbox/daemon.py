@@ -987,9 +987,36 @@ def op_exec(daemon, req):
                       cwd=req.get("workdir"), max_output=req.get("max_output", 1000000))  # fmt: skip
 
 
+# The container's own counters of forks refused at the pids limit and of OOM kills (cgroup v1, then v2).
+LIMIT_COUNTERS = {
+    "pids": (("/sys/fs/cgroup/pids/pids.events", "max"), ("/sys/fs/cgroup/pids.events", "max")),
+    "memory": (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")),
+}
+
+
+def limit_counters():
+    """{limit: count} of the times the container hit its pids or memory limit so far (where the kernel says)."""
+    counts = {}
+    for limit, places in LIMIT_COUNTERS.items():
+        for path, key in places:
+            try:
+                with open(path) as handle:
+                    for line in handle:
+                        name, _, value = line.partition(" ")
+                        if name == key:
+                            counts[limit] = int(value)
+            except (OSError, ValueError):
+                continue
+            if limit in counts:
+                break
+    return counts
+
+
 def op_verify(daemon, req):
     """Fresh /tests (from the tar the host sent) and /logs/verifier on the host's side, the verifier run there,
-    then the files it wrote. Nothing of the agent's side can reach these folders."""
+    then the files it wrote, and which limits the container hit while it ran (a verifier starved of pids or
+    memory proves nothing). Nothing of the agent's side can reach these folders."""
+    before = limit_counters()
     for path in ("/tests", "/logs/verifier"):
         _empty(path)
     tests = base64.b64decode(req["tests"])
@@ -1005,6 +1032,8 @@ def op_verify(daemon, req):
         cwd=req.get("workdir"), max_output=req.get("max_output", 100000),
     )  # fmt: skip
     result["files"] = {path: _read(path, int(req.get("max_bytes", 4000000))) for path in req.get("read", [])}
+    after = limit_counters()
+    result["limits_hit"] = sorted(limit for limit, count in after.items() if count > before.get(limit, count))
     return result
 
 

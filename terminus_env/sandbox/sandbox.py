@@ -65,6 +65,8 @@ class VerifierRun:
 
     result: ExecResult
     files: dict[str, bytes | None] = field(default_factory=dict)
+    limits_hit: tuple[str, ...] = ()
+    """The container's limits ("pids", "memory") hit while the verifier ran: its result proves nothing then."""
 
 
 class Sandbox:
@@ -142,7 +144,7 @@ class Sandbox:
             user=user, env=dict(env or {}), workdir=self.spec.workdir, read=list(read), max_bytes=max_bytes,
         )  # fmt: skip
         files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}
-        return VerifierRun(_exec_result(reply), files)
+        return VerifierRun(_exec_result(reply), files, tuple(reply.get("limits_hit", ())))
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""

@@ -60,8 +60,11 @@ class GradeResult:
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     """Run the verifier once on the host's side, with fresh tests, and read its reward.
 
-    Raises ``ResourcesExhausted`` when the agent's processes left no pid or memory to start the verifier with.
+    Raises ``ResourcesExhausted`` when the agent's processes left no pid or memory to start the verifier with, or
+    when the container hit its pids or memory limit while the verifier ran (a starved verifier proves nothing).
     """
+    from terminus_env.sandbox import ResourcesExhausted
+
     start = time.monotonic()
     # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the run open.
     command = f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1"
@@ -71,6 +74,8 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON, CTRF_REPORT),
         max_bytes=_LOG_READ_BYTES,
     )  # fmt: skip
+    if run.limits_hit:
+        raise ResourcesExhausted(f"the container hit its {' and '.join(run.limits_hit)} limit while the verifier ran")
     output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
     if run.result.timed_out:
