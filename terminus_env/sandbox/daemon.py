@@ -60,6 +60,7 @@ POLL_S = 0.002
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
 AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes
 CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"  # the main process's source arrives in this variable (see channel.py)
+LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's log
 RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the agent's init pid and how the entrypoint started
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
@@ -512,10 +513,11 @@ def _report_and_exit(fd, stage, exc):
 
 
 def main_process(argv):
-    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES -- COMMAND...``: split the container, run COMMAND on the
-    agent's side (a file limit of 0 sets none)."""
-    lifetime, handover, file_limit = float(argv[0]), float(argv[1]), int(argv[2])
-    command = argv[4:]
+    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER -- COMMAND...``: split the container, run COMMAND on the
+    agent's side as USER, the image's USER ("" for root), as Docker would have run the image's ENTRYPOINT (a file
+    limit of 0 sets none). This process itself runs as root whatever the image says: it needs its capabilities."""
+    lifetime, handover, file_limit, user = float(argv[0]), float(argv[1]), int(argv[2]), argv[3]
+    command = argv[5:]
     deadline = time.monotonic() + lifetime
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     program = seccomp_program()
@@ -531,7 +533,7 @@ def main_process(argv):
             unshare(CLONE_NEWNS | CLONE_NEWPID)
             init = os.fork()
             if init == 0:
-                agent_init(command, handover, keep, program, write_end, file_limit)
+                agent_init(command, user, handover, keep, program, write_end, file_limit)
             os.write(write_end, "pid {}\n".format(init).encode())
             os.close(write_end)
             os._exit(_exit_code(os.waitpid(init, 0)[1]))
@@ -552,7 +554,8 @@ def main_process(argv):
     os.close(read_end)
     _write_atomically(os.path.join(RUN_DIR, "agent-init"), report)
     confine(keep, program)
-    sys.stderr.write("terminus-env: " + report.decode("utf-8", "replace"))
+    for line in report.decode("utf-8", "replace").splitlines():  # the log's own lines, told apart by their prefix
+        sys.stderr.write(LOG_PREFIX + line + "\n")
     sys.stderr.flush()
     while time.monotonic() < deadline:  # the lifetime backstop: the container ends with this process
         try:
@@ -564,8 +567,9 @@ def main_process(argv):
     os._exit(0)
 
 
-def agent_init(command, handover, keep, program, report, file_limit):
-    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined, then reap orphans for ever."""
+def agent_init(command, user, handover, keep, program, report, file_limit):
+    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined (as ``user`` unless empty), then reap
+    orphans for ever."""
     try:
         _mount_proc()
         if file_limit:  # inherited by everything the agent's side starts from here
@@ -580,6 +584,12 @@ def agent_init(command, handover, keep, program, report, file_limit):
                     handle.write(str(AGENT_OOM_SCORE))
                 _restore_signals()
                 os.close(report)
+                if user:  # nothing of the agent exists yet, so /etc/passwd is still the image's
+                    uid, gid, groups, home, _ = credentials(user)
+                    os.setgroups(groups)
+                    os.setgid(gid)
+                    os.setuid(uid)
+                    os.environ["HOME"] = home  # Docker sets the home of the user it runs as
                 os.execvp(command[0], command)
             except BaseException as exc:  # noqa: BLE001
                 sys.stderr.write("terminus-env: cannot start {!r}: {}\n".format(command, exc))

@@ -29,7 +29,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
-from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, MAIN_COMMAND, Channel
+from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, LOG_PREFIX, MAIN_COMMAND, Channel
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
@@ -266,8 +266,12 @@ def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str, b
     lifetime = str(math.ceil(spec.lifetime_s))
     file_limit = str(spec.effective_storage_mb * _MB)
     options: dict[str, Any] = dict(
-        entrypoint=[*MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, "--", *(config.get("Entrypoint") or [])],
+        entrypoint=[
+            *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "", "--",
+            *(config.get("Entrypoint") or []),
+        ],
         command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does
+        user="0",  # the main process splits the container; the ENTRYPOINT still runs as the image's USER
         auto_remove=True,
         init=True,
         labels=Owner.current().labels(new_run_id()),
@@ -329,9 +333,10 @@ def _security_options(client: docker.DockerClient) -> list[str]:
 
 def _handover_failure(client: docker.DockerClient, container_id: str, spec: SandboxSpec, verdict: str) -> str:
     try:
-        logs = client.api.logs(container_id, tail=30).decode("utf-8", "replace").strip()
+        lines = client.api.logs(container_id, tail=40).decode("utf-8", "replace").splitlines()
     except DockerException:
-        logs = ""
+        lines = []
+    logs = "\n".join(line for line in lines if not line.startswith(LOG_PREFIX)).strip()  # the ENTRYPOINT's own
     what = {
         "no-handover": f"did not start the keep-alive command within {HANDOVER_S:g} s",
     }.get(verdict, f"ended before starting the keep-alive command ({verdict.replace('exited', 'exit code')})")
