@@ -12,7 +12,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from sandbox_support import SPEC, Runner, containers_of_pid, run_fixture  # noqa: F401
+from sandbox_support import SPEC, Runner, containers_of_pid, remove_tags, run_fixture  # noqa: F401
 
 from terminus_env import load_task
 from terminus_env.rollout import OraclePolicy, RolloutRunner
@@ -51,7 +51,7 @@ def image(client: docker.DockerClient, tmp_path: Path) -> Iterator:
         (context / "Dockerfile").write_text(f"FROM {SPEC.image}\n" + textwrap.dedent(dockerfile))
         if entrypoint is not None:
             (context / "entrypoint.sh").write_text(textwrap.dedent(entrypoint))
-        tags.append(ensure_image(context, f"sandbox-test-{name}"))
+        tags.append(ensure_image(context, f"sandbox-test-{name}-{os.getpid()}"))
         return tags[-1]
 
     yield build
@@ -148,7 +148,7 @@ def test_the_entrypoint_runs_as_the_images_user(run: Runner, image) -> None:
 
 
 def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, client: docker.DockerClient) -> None:
-    task_dir = tmp_path / "broken-entrypoint"
+    task_dir = tmp_path / f"broken-entrypoint-{os.getpid()}"
     (task_dir / "environment").mkdir(parents=True)
     (task_dir / "tests").mkdir()
     (task_dir / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n')
@@ -162,8 +162,7 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
     try:
         (trajectory,) = asyncio.run(runner.run([task]))
     finally:
-        for found in client.images.list(name="terminus-env/task-broken-entrypoint"):
-            client.images.remove(found.id, force=True)
+        remove_tags(client, f"terminus-env/task-{task_dir.name}")
     assert trajectory.env_error and trajectory.reward == 0.0
     assert trajectory.error and "exit code 7" in trajectory.error and "license key missing" in trajectory.error
 
