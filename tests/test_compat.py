@@ -10,9 +10,11 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,10 +97,53 @@ def test_a_template_without_its_host_variable_is_refused_naming_it(monkeypatch: 
     assert task.env["DEPLOY_TARGET"] == "deploy-ap-south-2.internal" and task.verifier_env["EXPECTED_TOKEN"] == "t"
 
 
-def test_sidecars_are_hardened_reachable_waited_for_and_removed(client: docker.DockerClient) -> None:
-    task = load_task(COMPAT / "compose-sidecar")
+@pytest.fixture
+def host_listener() -> Iterator[int]:
+    """A TCP server on every address of this host: what a container cut off the host must not reach."""
+    server = socket.create_server(("0.0.0.0", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
 
-    async def scenario() -> tuple[dict, dict, dict, str, str]:
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                continue
+            connection.sendall(b"host service\n")
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def host_addresses(client: docker.DockerClient, network: dict) -> list[str]:
+    """The episode network's gateway, the default bridge's, and this host's outward address."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outward interface
+    outward = probe.getsockname()[0]
+    probe.close()
+    bridge = client.api.inspect_network("bridge")
+    gateways = [config["Gateway"] for n in (network, bridge) for config in n["IPAM"]["Config"] if "Gateway" in config]
+    return [*gateways, outward]
+
+
+CONNECT = (
+    "python3 -c 'import errno, socket\n"
+    "try: print(socket.create_connection((\"{address}\", {port}), 3).recv(64).decode())\n"
+    "except OSError as exc: print(errno.errorcode.get(exc.errno, exc))'"
+)
+
+
+def test_sidecars_are_hardened_reachable_waited_for_and_removed(client: docker.DockerClient, host_listener: int) -> None:  # noqa: E501
+    task = load_task(COMPAT / "compose-sidecar")
+    assert socket.create_connection(("127.0.0.1", host_listener), 5).recv(64) == b"host service\n"
+
+    async def scenario() -> tuple[dict, dict, dict, str, str, dict[str, str]]:
         spec = task.sandbox_spec(await task_image(task))
         async with await Sandbox.start(spec) as sandbox:
             main = client.api.inspect_container(sandbox.id)
@@ -108,9 +153,15 @@ def test_sidecars_are_hardened_reachable_waited_for_and_removed(client: docker.D
             network = client.api.inspect_network(f"terminus-env-{run}")
             resolved = await sandbox.exec("getent hosts tickets", 10)  # from the agent's side
             fetched = await sandbox.exec('curl -fsS "$TICKETS_URL/health"', 10)
-            return main, sidecar, network, resolved.output, fetched.output
+            host = {
+                address: (await sandbox.exec(CONNECT.format(address=address, port=host_listener), 10)).output.strip()
+                for address in host_addresses(client, network)
+            }
+            return main, sidecar, network, resolved.output, fetched.output, host
 
-    main, sidecar, network, resolved, fetched = asyncio.run(scenario())
+    main, sidecar, network, resolved, fetched, host = asyncio.run(scenario())
+    for address, answer in host.items():  # no way to the host, whichever of its addresses the agent tries
+        assert answer in ("EHOSTUNREACH", "ENETUNREACH"), (address, answer)
     host = sidecar["HostConfig"]
     assert "no-new-privileges" in host["SecurityOpt"] and host["CapDrop"] == ["ALL"]
     assert not {"NET_RAW", "MKNOD", "SYS_ADMIN", "SYS_CHROOT"} & set(host["CapAdd"])

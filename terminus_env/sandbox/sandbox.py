@@ -288,7 +288,8 @@ def _create(
     file_limit = str(spec.effective_storage_mb * _MB)
     options: dict[str, Any] = dict(
         entrypoint=[
-            *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "", "--",
+            *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "",
+            "1" if services is not None and not spec.allow_internet else "0", "--",
             *(config.get("Entrypoint") or []),
         ],
         command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does

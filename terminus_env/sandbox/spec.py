@@ -26,9 +26,10 @@ DEFAULT_STORAGE_MB = 10240
 # enough for chown, package managers (setuid/setgid), kill and binding low ports.
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL", "NET_BIND_SERVICE")
 LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # a container's log: its programs can write to it at will
-DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP")
-"""Added to the container for its control daemon alone, which needs them to split the container and to enter the
-agent's namespaces; every other process in the container runs without them (see daemon.py)."""
+DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN")
+"""Added to the container for its main process and control daemon alone, which need them to split the container,
+to enter the agent's namespaces and to cut the container off the host; every other process in the container runs
+without them (see daemon.py)."""
 
 
 @dataclass(frozen=True)
