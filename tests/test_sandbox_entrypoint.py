@@ -98,7 +98,8 @@ def test_an_entrypoint_that_exits_fails_the_start_with_its_output(run: Runner, i
         run(Sandbox.start(SandboxSpec(tag)))
     message = str(failure.value)
     assert "ended before starting the keep-alive command (exit code 3)" in message
-    assert "loading /etc/app.conf\nfatal: /etc/app.conf not found" in message
+    lines = message.splitlines()  # stdout and stderr, in whichever order the log interleaved them
+    assert "loading /etc/app.conf" in lines and "fatal: /etc/app.conf not found" in lines
     assert LOG_PREFIX not in message  # the container's own lines are not the entrypoint's output
     assert none_left()
 
