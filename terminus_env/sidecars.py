@@ -96,6 +96,14 @@ class Services:
     main_depends_on: tuple[Dependency, ...] = ()
     """What must hold before the main container starts (its ENTRYPOINT may use the services at once)."""
 
+    def __post_init__(self) -> None:
+        names = {sidecar.name for sidecar in self.sidecars}
+        owners = [(self.main_name, self.main_depends_on), *((s.name, s.depends_on) for s in self.sidecars)]
+        for owner, dependencies in owners:
+            unknown = [d.service for d in dependencies if d.service not in names]
+            if unknown:
+                raise ValueError(f"{owner!r} depends on {', '.join(map(repr, unknown))}, which is no sidecar here")
+
     def start_order(self) -> tuple[Sidecar, ...]:
         """The sidecars with every one after those it depends on (the loader has refused cycles)."""
         by_name = {sidecar.name: sidecar for sidecar in self.sidecars}

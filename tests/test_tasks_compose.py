@@ -329,3 +329,12 @@ def test_read_compose_takes_the_harness_variables_first(tmp_path: Path) -> None:
         file, main="main", main_build=tmp_path, variables={"CONTEXT_DIR": "/ctx"}, image_prefix="t", build_timeout_s=1
     )
     assert read.env == (("WHERE", "/ctx"),) and read.services is None
+
+
+def test_services_built_by_hand_must_depend_on_their_own_sidecars() -> None:
+    cache = Sidecar("cache", image="redis")
+    with pytest.raises(ValueError, match="'main' depends on 'db', which is no sidecar here"):
+        Services((cache,), main_depends_on=(Dependency("db"),))
+    with pytest.raises(ValueError, match="'web' depends on 'db'"):
+        Services((cache, Sidecar("web", image="nginx", depends_on=(Dependency("db"),))))
+    assert Services((cache,), main_depends_on=(Dependency("cache", Condition.HEALTHY),)).start_order() == (cache,)

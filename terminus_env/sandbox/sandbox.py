@@ -200,9 +200,11 @@ class Sandbox:
         if self._disk_watch is not None:
             self._disk_watch.cancel()
             await asyncio.gather(self._disk_watch, return_exceptions=True)
-        await asyncio.to_thread(_discard, self._client, self.id)
-        if self._services is not None:
-            await asyncio.to_thread(self._services.remove)
+        try:
+            await asyncio.to_thread(_discard, self._client, self.id)
+        finally:
+            if self._services is not None:  # after the container: the network goes once nothing is on it
+                await asyncio.to_thread(self._services.remove)
         await self._channel.close()
 
     @property

@@ -11,9 +11,11 @@ from terminus_env.limits import (
     MAX_CPUS,
     MAX_LIFETIME_S,
     MAX_MEMORY_MB,
+    MAX_PIDS,
     MAX_STORAGE_MB,
     MIN_CPUS,
     MIN_MEMORY_MB,
+    MIN_PIDS,
     MIN_STORAGE_MB,
 )
 from terminus_env.sidecars import Services
@@ -62,7 +64,7 @@ class SandboxSpec:
         _check_range("memory_mb", self.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB, f"or None for {DEFAULT_MEMORY_MB}")
         _check_range("storage_mb", self.storage_mb, MIN_STORAGE_MB, MAX_STORAGE_MB, f"or None for {DEFAULT_STORAGE_MB}")
         _check_range("lifetime_s", self.lifetime_s, 1, MAX_LIFETIME_S, "")
-        _check_range("pids_limit", self.pids_limit, 16, 1 << 22, "")
+        _check_range("pids_limit", self.pids_limit, MIN_PIDS, MAX_PIDS, "")
         _check_range("shm_size_mb", self.shm_size_mb, 1, MAX_MEMORY_MB, "or None for Docker's default")
         object.__setattr__(self, "env", MappingProxyType({str(k): str(v) for k, v in self.env.items()}))
 

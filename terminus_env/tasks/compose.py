@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from terminus_env.limits import MAX_CPUS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, MIN_MEMORY_MB
+from terminus_env.limits import MAX_CPUS, MAX_MEMORY_MB, MAX_PIDS, MAX_TIMEOUT_S, MIN_CPUS, MIN_MEMORY_MB, MIN_PIDS
 from terminus_env.sidecars import Build, Condition, Dependency, Healthcheck, Services, Sidecar
 from terminus_env.tasks.task import TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
@@ -43,7 +43,6 @@ DOCKER_DEFAULT_CAPABILITIES = frozenset(
     "AUDIT_WRITE".split()
 )
 """What Docker gives a container by default: a sidecar may add these back, nothing more."""
-MAX_PIDS = 1 << 22
 _IGNORED = frozenset({  # change nothing about how an episode runs here
     "ports", "expose", "restart", "labels", "logging", "networks", "stop_grace_period", "stop_signal", "platform",
     "stdin_open", "tty", "pull_policy", "cap_drop", "mem_reservation", "memswap_limit", "cpu_shares",
@@ -360,7 +359,7 @@ def _argv(reader: _Reader, value: Any, what: str) -> tuple[str, ...] | None:
 
 def _limits(reader: _Reader, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
     deploy = _table(reader, body.get("deploy"), f"'{name}.deploy'")
-    if int(deploy.get("replicas", 1) or 1) != 1:
+    if reader.number(deploy.get("replicas", 1), f"{name}.deploy.replicas", 0, MAX_PIDS) != 1:
         raise reader.refuse(f"deploy.replicas of service '{name}' other than 1")
     limits = _table(reader, _table(reader, deploy.get("resources"), f"'{name}.deploy.resources'").get("limits"),
                     f"'{name}.deploy.resources.limits'")  # fmt: skip
@@ -370,7 +369,7 @@ def _limits(reader: _Reader, name: str, body: Mapping[str, Any]) -> dict[str, An
     return {
         "cpus": None if cpus is None else reader.number(cpus, f"{name}.cpus", MIN_CPUS, MAX_CPUS),
         "memory_mb": _megabytes(reader, memory, f"{name}.memory", MIN_MEMORY_MB, MAX_MEMORY_MB),
-        "pids_limit": None if pids is None else int(reader.number(pids, f"{name}.pids_limit", 16, MAX_PIDS)),
+        "pids_limit": None if pids is None else int(reader.number(pids, f"{name}.pids_limit", MIN_PIDS, MAX_PIDS)),
     }
 
 
