@@ -193,7 +193,10 @@ _CRASHING_OWNER = textwrap.dedent(
 )
 
 
-def test_a_sigkilled_owner_leaves_no_sidecar_or_network_after_the_reaper(client: docker.DockerClient) -> None:
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_an_owner_that_dies_leaves_no_sidecar_or_network(client: docker.DockerClient, ending: int) -> None:
+    """SIGTERM: the exit hooks remove everything. SIGKILL: the agent's container ends itself, and the reaper
+    removes the sidecars and the network."""
     child = subprocess.Popen(
         [sys.executable, "-c", _CRASHING_OWNER, str(COMPAT / "tb1-multi-service")], stdout=subprocess.PIPE, text=True,
         cwd=REPO,
@@ -203,13 +206,13 @@ def test_a_sigkilled_owner_leaves_no_sidecar_or_network_after_the_reaper(client:
         containers, networks = owned(client, child.pid)
         assert len(containers) == 3 and len(networks) == 1  # the client, two sidecars, their network
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    reap(client=client)
+        child.send_signal(ending)
+        child.wait(timeout=60)
     deadline = time.monotonic() + 20
     while owned(client, child.pid) != ([], []) and time.monotonic() < deadline:
+        if ending == signal.SIGKILL:
+            reap(client=client)  # again: the network goes once the containers' removal has finished
         time.sleep(0.5)
-        reap(client=client)  # the network goes once the containers' removal has finished
     assert owned(client, child.pid) == ([], [])
 
 
