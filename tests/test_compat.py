@@ -237,7 +237,8 @@ def _compose_task(root: Path, sidecar: str) -> Path:
             """\
             services:
               main:
-                depends_on: [svc]
+                depends_on:
+                  svc: {condition: service_completed_successfully}
               svc:
                 build: ./svc
                 command: ["sh", "-c", "echo 'cannot open /data/db: no such file' >&2; exit 4"]
@@ -261,7 +262,7 @@ def _compose_task(root: Path, sidecar: str) -> Path:
             r"service 'svc' is unhealthy \(its last check exited 1: port 5432 closed\)",
         ),
     ],
-    ids=["exits", "unhealthy"],
+    ids=["exits", "unhealthy"],  # (a service that dies at once may look started first: compose waits no longer)
 )
 def test_a_failing_sidecar_fails_the_start_with_its_output(
     sidecar: str, expected: str, tmp_path: Path, client: docker.DockerClient
@@ -269,7 +270,8 @@ def test_a_failing_sidecar_fails_the_start_with_its_output(
     task = load_task(_compose_task(tmp_path, sidecar))
 
     async def scenario() -> None:
-        await Sandbox.start(task.sandbox_spec(await task_image(task)))
+        async with await Sandbox.start(task.sandbox_spec(await task_image(task))):
+            pass
 
     try:
         with pytest.raises(SandboxError, match=expected):
