@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check bench clean
+.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check fresh-check bench clean
 
 all: demo
 
@@ -51,6 +51,11 @@ docs: venv
 # checkout, list the shipped suite, make the env and run a short eval.
 install-check: base-image
 	bash scripts/check-install.sh $(PY)
+
+# The set-up on a fresh Debian machine: in a clean container of the base image, the scripts above must install
+# every program the set-up runs (CI machines keep what an earlier run installed, which would hide a gap).
+fresh-check: base-image
+	bash scripts/check-fresh-machine.sh
 
 # The linter and the suite check first, then pytest, so the run closes on pytest's summary.
 test: lint check unit

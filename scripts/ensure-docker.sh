@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers. As root on Debian/Ubuntu, install docker.io and start dockerd
 # in the background when none runs; otherwise say what to do. Idempotent.
+# With --install-only, install the engine's programs when missing and start nothing (the fresh-machine check
+# runs it so, in a container where no engine could start).
 set -euo pipefail
 
 log=${TERMINUS_DOCKERD_LOG:-/var/log/terminus-dockerd.log}
+install_only=false
+[ "${1:-}" = "--install-only" ] && install_only=true
 
 engine_answers() { docker info >/dev/null 2>&1; }
 
-if engine_answers; then
+if ! $install_only && engine_answers; then
     exit 0
 fi
 
@@ -23,6 +27,7 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; 
     apt-get update -qq
     apt-get install -y -qq docker.io >/dev/null
 fi
+$install_only && exit 0
 
 echo "Starting dockerd in the background (log: $log) ..." >&2
 nohup dockerd >"$log" 2>&1 &

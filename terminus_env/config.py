@@ -39,6 +39,12 @@ def env_str(name: str, default: str | None = None, environ: Mapping[str, str] | 
     return default if raw is None or raw == "" else raw
 
 
+def host_environment(environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """All of the host's variables: tasks name their own in templates (``${VAR}`` in ``[environment.env]`` and in
+    compose files), resolved from here as Harbor and Docker Compose resolve them."""
+    return dict(os.environ if environ is None else environ)
+
+
 # Names of every variable the package reads, so docs and tests can list them.
 STRICT_FORMAT = "SWE_STRICT_FORMAT"
 STRICT_TRUNCATION = "SWE_STRICT_TRUNCATION"

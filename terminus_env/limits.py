@@ -9,6 +9,7 @@ from __future__ import annotations
 MIN_CPUS, MAX_CPUS = 0.01, 1024.0
 MIN_MEMORY_MB, MAX_MEMORY_MB = 16, 16 * 1024 * 1024
 MIN_STORAGE_MB, MAX_STORAGE_MB = 1, 1024 * 1024 * 1024
+MIN_PIDS, MAX_PIDS = 16, 1 << 22
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """Agent, verifier and build timeouts; a sandbox lives for their sum, so each stays well below its lifetime."""
 MAX_LIFETIME_S = 30 * 24 * 3600.0

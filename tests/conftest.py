@@ -9,6 +9,9 @@ import pytest
 from terminus_env.config import REQUIRE_DOCKER, env_flag
 
 ADAPTER_TESTS = Path(__file__).parent / "adapters"
+COMPAT_TASKS = Path(__file__).parent / "compat"
+"""The compatibility suite's tasks: their own tests are written for the task's container, where test_compat.py
+runs them."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,7 +23,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The adapter tests run in each library's own environment (``make test-adapters``), not in the default run."""
+    """The adapter tests run in each library's own environment (``make test-adapters``), not in the default run;
+    the compatibility tasks' tests never run here."""
+    if collection_path == COMPAT_TASKS:
+        return True
     if collection_path == ADAPTER_TESTS and not config.getoption("--adapters"):
         return True
     return None

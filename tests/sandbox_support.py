@@ -50,3 +50,14 @@ def containers_of_pid(pid: int) -> list[str]:
     finally:
         client.close()
     return [item["Id"] for item in found]
+
+
+def remove_tags(client: docker.DockerClient, prefix: str) -> None:
+    """Untag a test's images named ``prefix...`` (never by id: an id may carry other tags); one in use stays."""
+    for image in client.images.list(name=f"{prefix}*"):
+        for tag in image.tags:
+            if tag.startswith(prefix):
+                try:
+                    client.images.remove(tag)
+                except docker.errors.APIError:
+                    pass

@@ -113,3 +113,21 @@ def test_the_command_prints_what_it_removed(
     assert f"would remove {old}" in capsys.readouterr().out and tags(client, prefix) == {old}
     assert cli_main(["images", "prune", str(tmp_path)]) == 0
     assert f"removed {old}" in capsys.readouterr().out and tags(client, prefix) == set()
+
+
+def test_prune_keeps_the_sidecar_images_a_task_needs(client: docker.DockerClient, prefix: str, tmp_path: Path) -> None:
+    task = write_task(tmp_path, f"{prefix}-c", "v1")
+    (task / "environment" / "db").mkdir()
+    (task / "environment" / "db" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo db-v1 > /db\n")
+    (task / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    build: ./db\n")
+    (sidecar,) = load_task(task).services.sidecars  # type: ignore[union-attr]
+    assert sidecar.build is not None
+    main, db = build(task), ensure_image(sidecar.build.context, sidecar.build.name)
+    assert db.startswith(f"terminus-env/task-{prefix}-c-db:")
+    assert current_tags([tmp_path]) == {f"{prefix}-c": main, f"{prefix}-c-db": db}
+    report = prune_task_images(current_tags([tmp_path]), [tmp_path])
+    assert report.removed == () and tags(client, prefix) == {main, db}
+    (task / "environment" / "docker-compose.yaml").unlink()  # the task no longer has the sidecar
+    rebuilt = build(task)  # its build context changed with it; the rebuild drops the old main tag
+    report = prune_task_images(current_tags([tmp_path]), [tmp_path])
+    assert report.removed == (db,) and tags(client, prefix) == {rebuilt}

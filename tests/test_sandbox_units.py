@@ -11,10 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from terminus_env.sandbox import daemon
-from terminus_env.sandbox.images import context_hash, slug
+from terminus_env.sandbox.images import _split_reference, context_hash, slug
+from terminus_env.sandbox.services import Readiness, readiness
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
 from terminus_env.sandbox.terminal import CHUNK_BYTES, key_arguments
 from terminus_env.sandbox.text import cap_text
+from terminus_env.sidecars import Condition
 
 
 @pytest.mark.parametrize("name", ["C-c", "C-d", "Enter", "Escape", "Up", "Tab", "M-x", "C-M-a", "F12", "BSpace"])
@@ -169,3 +171,52 @@ def test_context_hash_follows_the_parent_image(tmp_path: Path) -> None:
 def test_slug_is_a_valid_repository_name() -> None:
     assert slug("My Task: v2!") == "my-task-v2"
     assert slug("***") == "task"
+
+
+# --- sidecars: when a dependency holds, and image references ---------------------------------------
+
+RUNNING = {"Status": "running", "Running": True, "ExitCode": 0}
+EXITED_0 = {"Status": "exited", "Running": False, "ExitCode": 0}
+EXITED_3 = {"Status": "exited", "Running": False, "ExitCode": 3}
+CREATED = {"Status": "created", "Running": False, "ExitCode": 0}
+
+
+def health(status: str, output: str = "", code: int = 0) -> dict:
+    return {**RUNNING, "Health": {"Status": status, "Log": [{"ExitCode": code, "Output": output}]}}
+
+
+@pytest.mark.parametrize(
+    ("condition", "state", "verdict", "why"),
+    [
+        (Condition.STARTED, CREATED, Readiness.WAIT, ""),
+        (Condition.STARTED, RUNNING, Readiness.READY, ""),
+        (Condition.STARTED, EXITED_0, Readiness.READY, ""),
+        (Condition.STARTED, EXITED_3, Readiness.FAILED, "exited with code 3"),
+        (Condition.HEALTHY, RUNNING, Readiness.FAILED, "has no health check"),
+        (Condition.HEALTHY, health("starting"), Readiness.WAIT, ""),
+        (Condition.HEALTHY, health("healthy"), Readiness.READY, ""),
+        (Condition.HEALTHY, health("unhealthy", "refused\n on 5432", 2), Readiness.FAILED,
+         "is unhealthy (its last check exited 2: refused on 5432)"),
+        (Condition.HEALTHY, {**EXITED_0, "Health": {"Status": "starting"}}, Readiness.FAILED, "exited with code 0"),
+        (Condition.COMPLETED, RUNNING, Readiness.WAIT, ""),
+        (Condition.COMPLETED, EXITED_0, Readiness.READY, ""),
+        (Condition.COMPLETED, EXITED_3, Readiness.FAILED, "exited with code 3"),
+    ],
+)
+def test_readiness_of_a_dependency(condition: Condition, state: dict, verdict: Readiness, why: str) -> None:
+    found, reason = readiness(condition, state)
+    assert found is verdict and why in reason and (why or not reason)
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [
+        ("redis", ("redis", "latest")),
+        ("redis:7.2", ("redis", "7.2")),
+        ("registry.local:5000/team/db", ("registry.local:5000/team/db", "latest")),
+        ("registry.local:5000/team/db:1", ("registry.local:5000/team/db", "1")),
+        ("db@sha256:abc", ("db", "sha256:abc")),
+    ],
+)
+def test_image_references_split_into_repository_and_tag(reference: str, expected: tuple[str, str]) -> None:
+    assert _split_reference(reference) == expected

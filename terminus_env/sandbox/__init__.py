@@ -10,7 +10,13 @@ from terminus_env.sandbox.errors import (
     SandboxLost,
     TerminalGone,
 )
-from terminus_env.sandbox.images import BASE_IMAGE, ensure_base_image, ensure_image
+from terminus_env.sandbox.images import (
+    BASE_IMAGE,
+    ensure_base_image,
+    ensure_image,
+    ensure_prebuilt,
+    ensure_sidecar_image,
+)
 from terminus_env.sandbox.pool import SandboxPool
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.sandbox import ExecResult, Sandbox, VerifierRun
@@ -20,5 +26,6 @@ from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 __all__ = [
     "BASE_IMAGE", "AgentCaused", "DiskLimitExceeded", "DockerUnavailable", "ExecResult", "ImageBuildError",
     "ResourcesExhausted", "Sandbox", "SandboxError", "SandboxLost", "SandboxPool", "SandboxSpec", "Terminal",
-    "TerminalGone", "TerminalOutput", "VerifierRun", "ensure_base_image", "ensure_image", "reap",
+    "TerminalGone", "TerminalOutput", "VerifierRun", "ensure_base_image", "ensure_image", "ensure_prebuilt",
+    "ensure_sidecar_image", "reap",
 ]  # fmt: skip

@@ -23,6 +23,8 @@ from terminus_env.sandbox.errors import ResourcesExhausted, SandboxError, Sandbo
 # Package data, read through importlib.resources so it is found wherever the package is installed.
 DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").read_text(encoding="utf-8")
 """The in-container code: the container's main process and the control daemon (see daemon.py)."""
+LOG_PREFIX = "terminus-env: "
+"""Starts every line the container's main process writes to the container's log (daemon.py has the same)."""
 CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"
 """The container's main process reads DAEMON_SOURCE from this variable (and removes it from its environment)."""
 MAIN_COMMAND = ["python3", "-I", "-S", "-c", f"import os;exec(os.environ.pop({CODE_VARIABLE!r}))", "main"]
@@ -32,6 +34,7 @@ _BOOTSTRAP = (
     'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-daemon","exec"))'
 )
 _STDERR_KEEP = 4000
+_SPLIT_MARGIN_S = 15.0  # beyond the handover time: how long the main process may take to split the container
 _EXHAUSTED = {errno.EAGAIN, errno.ENOMEM}
 
 
@@ -56,13 +59,15 @@ class Channel:
         """Start the daemon and wait (up to ``start_s``) until the container is split; returns how the image's
         ENTRYPOINT handed over ("ready", "exited N" or "no-handover"). ``file_limit_bytes`` caps each file the
         agent's side writes (0: no cap)."""
-        argv = ["--stop-container-on-eof", "--wait", str(start_s), "--file-limit", str(file_limit_bytes)]
+        # The split is reported only once the handover is judged, up to start_s later: the daemon waits longer.
+        wait = str(start_s + _SPLIT_MARGIN_S)
+        argv = ["--stop-container-on-eof", "--wait", wait, "--file-limit", str(file_limit_bytes)]
         sock = await asyncio.to_thread(_start_daemon, client, container_id, argv)
         reader, writer = await asyncio.open_connection(sock=sock)
         writer.write(json.dumps(DAEMON_SOURCE).encode() + b"\n")  # read by _BOOTSTRAP
         channel = cls(reader, writer)
         try:
-            reply = await channel.request("ping", start_s + 30)
+            reply = await channel.request("ping", start_s + 2 * _SPLIT_MARGIN_S)
         except SandboxLost as exc:
             await channel.close()
             raise SandboxError(

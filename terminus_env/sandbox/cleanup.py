@@ -1,4 +1,4 @@
-"""Removing this process's containers when it exits: at interpreter exit and on SIGTERM.
+"""Removing this process's containers (and episode networks) when it exits: at interpreter exit and on SIGTERM.
 
 This is process-wide state by nature (one interpreter, one exit), so it lives in one registry.
 SIGINT needs no handler: Python turns it into KeyboardInterrupt, the interpreter unwinds and
@@ -12,14 +12,19 @@ import atexit
 import os
 import signal
 import threading
+import time
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
+
+NETWORK_REMOVE_S = 15.0
+"""How long removing an episode's network waits for its containers' removal to finish."""
 
 
 class _Registry:
     def __init__(self) -> None:
         self._live: dict[str, docker.DockerClient] = {}
+        self._networks: dict[str, docker.DockerClient] = {}
         self._lock = threading.Lock()
         self._hooked = False
         self._reaped = False
@@ -41,6 +46,14 @@ class _Registry:
         with self._lock:
             self._live.pop(container_id, None)
 
+    def add_network(self, name: str, client: docker.DockerClient) -> None:
+        with self._lock:
+            self._networks[name] = client
+
+    def discard_network(self, name: str) -> None:
+        with self._lock:
+            self._networks.pop(name, None)
+
     def claim_reap(self) -> bool:
         """True exactly once per process: the first sandbox runs the reaper."""
         with self._lock:
@@ -48,10 +61,14 @@ class _Registry:
             return first
 
     def remove_all(self) -> None:
+        """Every container, then every network (which Docker removes only once no container is on it)."""
         with self._lock:
             live, self._live = self._live, {}
+            networks, self._networks = self._networks, {}
         for container_id, client in live.items():
             remove_container(client, container_id)
+        for name, client in networks.items():
+            remove_network(client, name)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.remove_all()
@@ -80,6 +97,25 @@ def remove_container(client: docker.DockerClient, container_id: str) -> bool:
     except DockerException:
         return False
     return True
+
+
+def remove_network(client: docker.DockerClient, name: str, wait_s: float = NETWORK_REMOVE_S) -> bool:
+    """Remove a network, waiting up to ``wait_s`` for containers being removed to leave it; True if this call
+    removed it. Gone already is fine; one still in use after ``wait_s`` is left to the reaper."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.api.remove_network(name)
+        except NotFound:
+            return False
+        except APIError as exc:
+            if "active endpoints" not in str(exc) or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+            continue
+        except DockerException:
+            return False
+        return True
 
 
 REGISTRY = _Registry()

@@ -23,9 +23,10 @@ Why the agent cannot forge a reply or a reward: the daemon and the verifier are 
 namespace (and the daemon is not dumpable besides), so their pipes and files cannot be opened through /proc; the
 verifier's /tests and /logs/verifier are mounts the agent's side does not have; and every process started for the
 agent or the verifier runs with Docker's default capabilities and seccomp rules for a container without
-CAP_SYS_ADMIN. Only the daemon keeps CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SETPCAP (to enter the agent's
-namespaces and drop capabilities for what it starts); it never runs a program and imports nothing once the agent
-exists, so no file the agent can write ever runs with them.
+CAP_SYS_ADMIN. Only the daemon keeps CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP and CAP_NET_ADMIN (to enter the
+agent's namespaces and drop capabilities for what it starts; the main process uses CAP_NET_ADMIN once, before
+anything of the task runs, to cut a container with sidecars off the host); it never runs a program and imports
+nothing once the agent exists, so no file the agent can write ever runs with them.
 
 The host sends the daemon's source as the first line on its stdin; this file must not import terminus_env.
 """
@@ -60,11 +61,12 @@ POLL_S = 0.002
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
 AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes
 CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"  # the main process's source arrives in this variable (see channel.py)
+LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's log
 RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the agent's init pid and how the entrypoint started
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
 # Only the daemon keeps these; everything it or the main process starts runs without them.
-DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP")
+DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN")
 
 # ----- the kernel's interfaces, through libc ------------------------------------------------------------------
 
@@ -508,16 +510,75 @@ def _report_and_exit(fd, stage, exc):
         os._exit(127)
 
 
+# ----- the network: a container on its episode's network without a way to the host ------------------------------
+
+RTM_NEWROUTE, RTM_DELROUTE, NLMSG_ERROR = 24, 25, 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RT_SCOPE_NOWHERE, RTN_UNREACHABLE, RTA_DST = 254, 3, 0, 255, 7, 1
+RTF_GATEWAY = 0x2
+
+
+def default_gateway():
+    """The IPv4 gateway of the default route, or None."""
+    with open("/proc/net/route") as handle:
+        for line in handle.readlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[1] == "00000000" and int(fields[3], 16) & RTF_GATEWAY:
+                return socket.inet_ntoa(struct.pack("<I", int(fields[2], 16)))
+    return None
+
+
+def route(op, destination, prefix, kind=0):
+    """Add (RTM_NEWROUTE, of type ``kind``) or delete (RTM_DELROUTE) the IPv4 route to ``destination/prefix`` in
+    the main table, through rtnetlink; raises OSError if the kernel refuses."""
+    create = op == RTM_NEWROUTE
+    flags = NLM_F_REQUEST | NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if create else 0)
+    scope = RT_SCOPE_UNIVERSE if create else RT_SCOPE_NOWHERE  # NOWHERE: a deletion matches any scope
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, prefix, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT if create else 0,
+                       scope, kind, 0)  # fmt: skip
+    if prefix:
+        body += struct.pack("HH", 8, RTA_DST) + socket.inet_aton(destination)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as netlink:  # 0: NETLINK_ROUTE
+        netlink.sendall(struct.pack("IHHII", 16 + len(body), op, flags, 1, 0) + body)
+        reply = netlink.recv(65536)
+    kind_of_reply, error = struct.unpack("H", reply[4:6])[0], struct.unpack("i", reply[16:20])[0]
+    if kind_of_reply == NLMSG_ERROR and error:
+        raise OSError(-error, "{} {}/{}: {}".format("route add" if create else "route del", destination, prefix,
+                                                    os.strerror(-error)))  # fmt: skip
+
+
+def cut_off_host():
+    """On an internal network the host still answers: at the gateway's address, and through the default route at
+    every address it has. Drop the default route and make the gateway unreachable, so the container reaches
+    exactly the other containers on its network (the agent's side has no CAP_NET_ADMIN to undo it)."""
+    gateway = default_gateway()
+    if gateway is None:
+        return
+    route(RTM_NEWROUTE, gateway, 32, RTN_UNREACHABLE)
+    route(RTM_DELROUTE, "0.0.0.0", 0)
+
+
 # ----- part 1: the container's main process ----------------------------------------------------------------------
 
 
 def main_process(argv):
-    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES -- COMMAND...``: split the container, run COMMAND on the
-    agent's side (a file limit of 0 sets none)."""
-    lifetime, handover, file_limit = float(argv[0]), float(argv[1]), int(argv[2])
-    command = argv[4:]
+    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER CUT_OFF -- COMMAND...``: split the container, run COMMAND
+    on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's ENTRYPOINT (a
+    file limit of 0 sets none). With CUT_OFF "1", first cut the container off the host (see cut_off_host). This
+    process itself runs as root whatever the image says: it needs its capabilities."""
+    lifetime, handover, file_limit, user = float(argv[0]), float(argv[1]), int(argv[2]), argv[3]
+    command = argv[6:]
     deadline = time.monotonic() + lifetime
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    if argv[4] == "1":
+        try:
+            cut_off_host()
+        except OSError as exc:  # nothing of the task may run then: say so to the daemon, which tells the host
+            os.makedirs(RUN_DIR, exist_ok=True)
+            _write_atomically(os.path.join(RUN_DIR, "agent-init"), "cannot cut the container off the host: {}\n"
+                              .format(exc).encode())  # fmt: skip
+            time.sleep(lifetime)
+            os._exit(1)
     program = seccomp_program()
     keep = agent_capabilities()
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted on either side reaches the other
@@ -531,7 +592,7 @@ def main_process(argv):
             unshare(CLONE_NEWNS | CLONE_NEWPID)
             init = os.fork()
             if init == 0:
-                agent_init(command, handover, keep, program, write_end, file_limit)
+                agent_init(command, user, handover, keep, program, write_end, file_limit)
             os.write(write_end, "pid {}\n".format(init).encode())
             os.close(write_end)
             os._exit(_exit_code(os.waitpid(init, 0)[1]))
@@ -552,7 +613,8 @@ def main_process(argv):
     os.close(read_end)
     _write_atomically(os.path.join(RUN_DIR, "agent-init"), report)
     confine(keep, program)
-    sys.stderr.write("terminus-env: " + report.decode("utf-8", "replace"))
+    for line in report.decode("utf-8", "replace").splitlines():  # the log's own lines, told apart by their prefix
+        sys.stderr.write(LOG_PREFIX + line + "\n")
     sys.stderr.flush()
     while time.monotonic() < deadline:  # the lifetime backstop: the container ends with this process
         try:
@@ -564,8 +626,9 @@ def main_process(argv):
     os._exit(0)
 
 
-def agent_init(command, handover, keep, program, report, file_limit):
-    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined, then reap orphans for ever."""
+def agent_init(command, user, handover, keep, program, report, file_limit):
+    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined (as ``user`` unless empty), then reap
+    orphans for ever."""
     try:
         _mount_proc()
         if file_limit:  # inherited by everything the agent's side starts from here
@@ -580,6 +643,12 @@ def agent_init(command, handover, keep, program, report, file_limit):
                     handle.write(str(AGENT_OOM_SCORE))
                 _restore_signals()
                 os.close(report)
+                if user:  # nothing of the agent exists yet, so /etc/passwd is still the image's
+                    uid, gid, groups, home, _ = credentials(user)
+                    os.setgroups(groups)
+                    os.setgid(gid)
+                    os.setuid(uid)
+                    os.environ["HOME"] = home  # Docker sets the home of the user it runs as
                 os.execvp(command[0], command)
             except BaseException as exc:  # noqa: BLE001
                 sys.stderr.write("terminus-env: cannot start {!r}: {}\n".format(command, exc))

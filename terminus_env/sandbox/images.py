@@ -28,6 +28,7 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 from terminus_env import config
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import ImageBuildError
+from terminus_env.sidecars import Sidecar
 
 BASE_IMAGE = "terminus-env/base:bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -147,26 +148,71 @@ def _unmount_below(root: Path) -> None:
 
 
 def ensure_image(
-    context_dir: Path, name: str, build_timeout: float = 600, client: docker.DockerClient | None = None
-) -> str:
-    """Build (or reuse) the image of a task's build context; the tag holds a hash of the context."""
+    context_dir: Path, name: str, build_timeout: float = 600, client: docker.DockerClient | None = None, *,
+    dockerfile: str = "Dockerfile", args: Iterable[tuple[str, str]] = (),
+) -> str:  # fmt: skip
+    """Build (or reuse) the image of a build context (its ``dockerfile``, with build ``args``); the tag holds a hash
+    of the context, the parent images and the recipe."""
     context_dir = Path(context_dir)
-    dockerfile = context_dir / "Dockerfile"
-    if not dockerfile.is_file():
-        raise ImageBuildError(name, f"no Dockerfile in {context_dir}: add one or point at the right folder")
+    recipe = context_dir / dockerfile
+    if not recipe.is_file():
+        raise ImageBuildError(name, f"no {dockerfile} in {context_dir}: add one or point at the right folder")
     client = connect(client)
-    parents = _from_images(dockerfile.read_text(errors="replace"))
+    parents = _from_images(recipe.read_text(errors="replace"))
     if base_image_tag() in parents:
         ensure_base_image(client=client)
-    tag = f"{TASK_REPOSITORY}{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
+    args = tuple(args)
+    hashed = context_hash(context_dir, _local_image_ids(client, parents), _recipe(dockerfile, args))
+    tag = f"{TASK_REPOSITORY}{slug(name)}:{hashed}"
     if _image_exists(client, tag):
         return tag
     context = str(context_dir.resolve())
     with _context_tar(context_dir) as archive:
-        _run_build(client, tag, name, {"fileobj": archive, "custom_context": True}, timeout=build_timeout,
-                   labels={CONTEXT_LABEL: context})  # fmt: skip
+        source = {"fileobj": archive, "custom_context": True, "dockerfile": dockerfile, "buildargs": dict(args)}
+        _run_build(client, tag, name, source, timeout=build_timeout, labels={CONTEXT_LABEL: context})
     _untag_replaced(client, tag, context)
     return tag
+
+
+def ensure_prebuilt(reference: str, client: docker.DockerClient | None = None) -> str | None:
+    """Make a prebuilt image present: None when it is (here already, or pulled now), else why it is not."""
+    client = connect(client)
+    if _image_exists(client, reference):
+        return None
+    repository, tag = _split_reference(reference)
+    try:
+        client.images.pull(repository, tag=tag)
+    except DockerException as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None if _image_exists(client, reference) else "the pull ended without the image"
+
+
+def ensure_sidecar_image(sidecar: Sidecar, client: docker.DockerClient | None = None) -> str:
+    """The image a sidecar runs: its build context built (or reused), or its named image present or pulled."""
+    if sidecar.build is not None:
+        build = sidecar.build
+        return ensure_image(
+            build.context, build.name, build.timeout_s, client, dockerfile=build.dockerfile, args=build.args
+        )
+    reference = sidecar.image or ""
+    problem = ensure_prebuilt(reference, client)
+    if problem is not None:
+        raise ImageBuildError(
+            sidecar.name, f"image {reference!r} of {sidecar.label} is not here and cannot be pulled ({problem}); "
+            "load or build it locally (`docker load`, `docker build -t ...`), or give the service a build context"
+        )  # fmt: skip
+    return reference
+
+
+def _split_reference(reference: str) -> tuple[str, str]:
+    """(repository, tag or digest) of an image reference; the tag is "latest" when none is written."""
+    if "@" in reference:
+        repository, digest = reference.split("@", 1)
+        return repository, digest
+    name, colon, tag = reference.rpartition(":")
+    if colon and "/" not in tag:
+        return name, tag
+    return reference, "latest"
 
 
 def _context_tar(context_dir: Path) -> IO[bytes]:
@@ -183,10 +229,13 @@ def slug(name: str) -> str:
     return value[:100] or "task"
 
 
-def context_hash(context_dir: Path, parent_ids: Iterable[str] = ()) -> str:
-    """A hash of every path, mode and byte in the build context, and of the parent images' ids
-    (16 hex digits): a rebuilt base image means rebuilt task images."""
+def context_hash(context_dir: Path, parent_ids: Iterable[str] = (), recipe: str = "") -> str:
+    """A hash of every path, mode and byte in the build context, of the parent images' ids and of ``recipe`` (a
+    Dockerfile other than the default, build arguments) in 16 hex digits: a rebuilt base image means rebuilt
+    task images."""
     digest = hashlib.sha256()
+    if recipe:
+        digest.update(f"R {recipe}\0".encode())
     for parent in sorted(parent_ids):
         digest.update(f"P {parent}\0".encode())
     for path in sorted(p for p in context_dir.rglob("*") if BYTECODE_DIR not in p.relative_to(context_dir).parts):
@@ -261,16 +310,24 @@ class PruneReport:
     """Tags of tasks whose current tag cannot be told (a task that does not load, a missing parent image)."""
 
 
-def current_task_tag(context_dir: Path, name: str, client: docker.DockerClient | None = None) -> str | None:
+def current_task_tag(
+    context_dir: Path, name: str, client: docker.DockerClient | None = None, *, dockerfile: str = "Dockerfile",
+    args: Iterable[tuple[str, str]] = (),
+) -> str | None:  # fmt: skip
     """The tag `ensure_image` gives this build context now, without building; None when a parent image is
     missing locally, since the tag depends on the parent's id."""
     context_dir = Path(context_dir)
     client = connect(client)
-    parents = _from_images((context_dir / "Dockerfile").read_text(errors="replace"))
+    parents = _from_images((context_dir / dockerfile).read_text(errors="replace"))
     ids = _local_image_ids(client, parents)
-    if len(ids) < len(parents - _stage_names(context_dir / "Dockerfile") - {"scratch"}):
+    if len(ids) < len(parents - _stage_names(context_dir / dockerfile) - {"scratch"}):
         return None
-    return f"{TASK_REPOSITORY}{slug(name)}:{context_hash(context_dir, ids)}"
+    return f"{TASK_REPOSITORY}{slug(name)}:{context_hash(context_dir, ids, _recipe(dockerfile, tuple(args)))}"
+
+
+def _recipe(dockerfile: str, args: tuple[tuple[str, str], ...]) -> str:
+    """What a tag must hash besides the context: a Dockerfile other than the default, and build arguments."""
+    return "" if dockerfile == "Dockerfile" and not args else f"{dockerfile}\0{sorted(args)}"
 
 
 def prune_task_images(

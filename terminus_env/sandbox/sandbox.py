@@ -1,7 +1,8 @@
 """One hardened container per episode, driven through a single control channel.
 
-Created through the docker-py API with a cut-down capability set, no network unless the spec allows it,
-pids/memory/CPU limits, ``init``, no-new-privileges, owner labels, a capped log and a lifetime backstop. The
+Created through the docker-py API with a cut-down capability set, no network unless the spec allows it (or has
+sidecars: then the episode's own network, see services.py), pids/memory/CPU limits, ``init``, no-new-privileges,
+owner labels, a capped log and a lifetime backstop. The
 container's main process (daemon.py, ``main``) splits it into the agent's side and the host's side before the
 image's ENTRYPOINT runs, on the agent's side, with the keep-alive command. Removed on close, at exit, on SIGTERM,
 when the owner dies (the daemon sees its channel close) and, failing all that, by the reaper.
@@ -29,13 +30,14 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
-from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, MAIN_COMMAND, Channel
+from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, LOG_PREFIX, MAIN_COMMAND, Channel
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.owner import Owner, new_run_id
 from terminus_env.sandbox.reaper import reap
-from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, SandboxSpec
+from terminus_env.sandbox.services import EpisodeServices
+from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -45,7 +47,6 @@ EXEC_OUTPUT_LIMIT = 1_000_000
 HANDOVER_S = 60.0
 """How long an image's ENTRYPOINT may take to hand over to the keep-alive command before the start fails."""
 DISK_POLL_S = 1.0
-LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # the agent can write to the main process's stdout
 _GRACE_S = 30.0  # how much longer than a command's own timeout the host waits for the daemon
 _MB = 1024 * 1024
 _storage_limits: dict[str, bool] = {}  # per engine: can it enforce a writable layer's size?
@@ -74,12 +75,13 @@ class Sandbox:
 
     def __init__(
         self, spec: SandboxSpec, client: docker.DockerClient, container_id: str, channel: Channel,
-        terminal: Terminal, user: str | None, disk_enforced: bool,
+        terminal: Terminal, user: str | None, disk_enforced: bool, services: EpisodeServices | None = None,
     ) -> None:  # fmt: skip
         self.spec = spec
         self.id = container_id
         self.terminal = terminal
         self._client = client
+        self._services = services
         self._channel = channel
         self._user = user
         self._closed = False
@@ -92,7 +94,22 @@ class Sandbox:
         client = await asyncio.to_thread(connect, client)
         if REGISTRY.claim_reap():
             await asyncio.to_thread(reap, False, client)
-        creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec))
+        run = new_run_id()
+        services = None if spec.services is None else EpisodeServices(client, spec, run)
+        try:
+            if services is not None:
+                await services.start()
+            return await cls._start_container(spec, client, run, services)
+        except BaseException:
+            if services is not None:  # after the container: the network goes once nothing is on it
+                await asyncio.to_thread(services.remove)
+            raise
+
+    @classmethod
+    async def _start_container(
+        cls, spec: SandboxSpec, client: docker.DockerClient, run: str, services: EpisodeServices | None
+    ) -> Sandbox:
+        creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec, run, services))
         try:
             container_id, image_user, disk_enforced = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
@@ -112,7 +129,7 @@ class Sandbox:
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
             raise
-        return cls(spec, client, container_id, channel, terminal, user, disk_enforced)
+        return cls(spec, client, container_id, channel, terminal, user, disk_enforced, services)
 
     async def exec(
         self, cmd: str, timeout: float, *, user: str | None = None, env: Mapping[str, str] | None = None,
@@ -185,7 +202,11 @@ class Sandbox:
         if self._disk_watch is not None:
             self._disk_watch.cancel()
             await asyncio.gather(self._disk_watch, return_exceptions=True)
-        await asyncio.to_thread(_discard, self._client, self.id)
+        try:
+            await asyncio.to_thread(_discard, self._client, self.id)
+        finally:
+            if self._services is not None:  # after the container: the network goes once nothing is on it
+                await asyncio.to_thread(self._services.remove)
         await self._channel.close()
 
     @property
@@ -254,9 +275,11 @@ def _exec_result(reply: Mapping[str, Any]) -> ExecResult:
     return ExecResult(reply["exit_code"], output, reply["timed_out"], reply["duration_s"])
 
 
-def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str, bool]:
-    """Create and start the container; returns its id, the image's default user, and whether the engine enforces
-    the storage limit itself."""
+def _create(
+    client: docker.DockerClient, spec: SandboxSpec, run: str, services: EpisodeServices | None
+) -> tuple[str, str, bool]:
+    """Create and start the container (on the services' network, if any); returns its id, the image's default
+    user, and whether the engine enforces the storage limit itself."""
     try:
         config = client.api.inspect_image(spec.image).get("Config") or {}
     except ImageNotFound as exc:
@@ -268,12 +291,16 @@ def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str, b
     lifetime = str(math.ceil(spec.lifetime_s))
     file_limit = str(spec.effective_storage_mb * _MB)
     options: dict[str, Any] = dict(
-        entrypoint=[*MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, "--", *(config.get("Entrypoint") or [])],
+        entrypoint=[
+            *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "",
+            "1" if services is not None and not spec.allow_internet else "0", "--",
+            *(config.get("Entrypoint") or []),
+        ],
         command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does
+        user="0",  # the main process splits the container; the ENTRYPOINT still runs as the image's USER
         auto_remove=True,
         init=True,
-        labels=Owner.current().labels(new_run_id()),
-        network_mode=None if spec.allow_internet else "none",
+        labels=Owner.current().labels(run),
         cap_drop=["ALL"],
         cap_add=[*spec.capabilities, *DAEMON_CAPABILITIES],
         security_opt=_security_options(client),
@@ -284,7 +311,14 @@ def _create(client: docker.DockerClient, spec: SandboxSpec) -> tuple[str, str, b
         environment={**spec.env, CODE_VARIABLE: DAEMON_SOURCE},
         working_dir=spec.workdir,
         log_config=LogConfig(type="json-file", config=LOG_LIMIT),
+        tmpfs={path: options for path, options in spec.tmpfs},
+        extra_hosts=dict(spec.extra_hosts),
+        **({} if spec.shm_size_mb is None else {"shm_size": f"{spec.shm_size_mb}m"}),
     )
+    if services is not None:
+        options.update(services.main_options())
+    else:
+        options["network_mode"] = None if spec.allow_internet else "none"
     engine = client.api.base_url
     enforced = _storage_limits.get(engine, True)
     container = None
@@ -331,9 +365,10 @@ def _security_options(client: docker.DockerClient) -> list[str]:
 
 def _handover_failure(client: docker.DockerClient, container_id: str, spec: SandboxSpec, verdict: str) -> str:
     try:
-        logs = client.api.logs(container_id, tail=30).decode("utf-8", "replace").strip()
+        lines = client.api.logs(container_id, tail=40).decode("utf-8", "replace").splitlines()
     except DockerException:
-        logs = ""
+        lines = []
+    logs = "\n".join(line for line in lines if not line.startswith(LOG_PREFIX)).strip()  # the ENTRYPOINT's own
     what = {
         "no-handover": f"did not start the keep-alive command within {HANDOVER_S:g} s",
     }.get(verdict, f"ended before starting the keep-alive command ({verdict.replace('exited', 'exit code')})")

@@ -1,4 +1,4 @@
-"""What a sandbox container looks like: image, limits, network, environment."""
+"""What a sandbox container looks like: image, limits, network, environment, and the sidecars beside it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from terminus_env.limits import (
     MAX_CPUS,
     MAX_LIFETIME_S,
     MAX_MEMORY_MB,
+    MAX_PIDS,
     MAX_STORAGE_MB,
     MIN_CPUS,
     MIN_MEMORY_MB,
+    MIN_PIDS,
     MIN_STORAGE_MB,
 )
+from terminus_env.sidecars import Services
 
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048
@@ -24,9 +27,11 @@ DEFAULT_STORAGE_MB = 10240
 # Docker's default set minus NET_RAW, MKNOD, AUDIT_WRITE, SYS_CHROOT, SETFCAP and SETPCAP:
 # enough for chown, package managers (setuid/setgid), kill and binding low ports.
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL", "NET_BIND_SERVICE")
-DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP")
-"""Added to the container for its control daemon alone, which needs them to split the container and to enter the
-agent's namespaces; every other process in the container runs without them (see daemon.py)."""
+LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # a container's log: its programs can write to it at will
+DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN")
+"""Added to the container for its main process and control daemon alone, which need them to split the container,
+to enter the agent's namespaces and to cut the container off the host; every other process in the container runs
+without them (see daemon.py)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,13 @@ class SandboxSpec:
     lifetime_s: float = 4 * 3600
     user: str | None = None  # the terminal's and exec's default user; None: the image's USER
     capabilities: tuple[str, ...] = CAPABILITIES
+    shm_size_mb: int | None = None  # None: Docker's 64 MB
+    tmpfs: tuple[tuple[str, str], ...] = ()
+    """(path, mount options) pairs, mounted empty in the container; their writes count against its memory."""
+    extra_hosts: tuple[tuple[str, str], ...] = ()
+    """(host name, address) pairs added to /etc/hosts."""
+    services: Services | None = None
+    """Sidecars to start first, on a network of the episode's own that the container joins."""
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -52,7 +64,8 @@ class SandboxSpec:
         _check_range("memory_mb", self.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB, f"or None for {DEFAULT_MEMORY_MB}")
         _check_range("storage_mb", self.storage_mb, MIN_STORAGE_MB, MAX_STORAGE_MB, f"or None for {DEFAULT_STORAGE_MB}")
         _check_range("lifetime_s", self.lifetime_s, 1, MAX_LIFETIME_S, "")
-        _check_range("pids_limit", self.pids_limit, 16, 1 << 22, "")
+        _check_range("pids_limit", self.pids_limit, MIN_PIDS, MAX_PIDS, "")
+        _check_range("shm_size_mb", self.shm_size_mb, 1, MAX_MEMORY_MB, "or None for Docker's default")
         object.__setattr__(self, "env", MappingProxyType({str(k): str(v) for k, v in self.env.items()}))
 
     def __hash__(self) -> int:
@@ -65,7 +78,7 @@ class SandboxSpec:
         return (
             self.image, self.effective_cpus, self.effective_memory_mb, self.effective_storage_mb, self.pids_limit,
             self.allow_internet, tuple(sorted(self.env.items())), self.workdir, self.lifetime_s, self.user,
-            self.capabilities,
+            self.capabilities, self.shm_size_mb, self.tmpfs, self.extra_hosts, self.services,
         )  # fmt: skip
 
     @property

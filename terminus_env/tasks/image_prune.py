@@ -17,7 +17,9 @@ from terminus_env.tasks.task import TaskError
 
 
 def current_tags(folders: Sequence[Path]) -> dict[str, str | None]:
-    """Every task folder's name mapped to the tag it needs now; None when that cannot be told."""
+    """Every task folder's name mapped to the tag it needs now; None when that cannot be told. Each sidecar a task
+    builds adds its own entry, under its image's name (``<task>-<service>``); a task whose sidecar's tag cannot be
+    told is undecided as a whole."""
     from terminus_env.sandbox.images import current_task_tag
 
     needed: dict[str, str | None] = {}
@@ -32,6 +34,14 @@ def current_tags(folders: Sequence[Path]) -> dict[str, str | None]:
                 continue
             context = task.build_context
             needed[task.name] = None if context is None else current_task_tag(context, task.name)
+            for sidecar in task.services.sidecars if task.services is not None else ():
+                if sidecar.build is None:
+                    continue
+                build = sidecar.build
+                needed[build.name] = current_task_tag(build.context, build.name, dockerfile=build.dockerfile,
+                                                      args=build.args)  # fmt: skip
+                if needed[build.name] is None:
+                    needed[task.name] = None
     return needed
 
 

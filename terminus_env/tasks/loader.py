@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from terminus_env.config import host_environment
 from terminus_env.limits import (
     MAX_CPUS,
     MAX_MEMORY_MB,
@@ -26,7 +27,17 @@ from terminus_env.limits import (
     MIN_MEMORY_MB,
     MIN_STORAGE_MB,
 )
+from terminus_env.tasks.compose import (
+    HARBOR_MAIN,
+    TB1_MAIN,
+    ComposeEnvironment,
+    find_compose_file,
+    harbor_variables,
+    read_compose,
+    tb1_variables,
+)
 from terminus_env.tasks.task import Task, TaskError
+from terminus_env.tasks.templates import TemplateError, substitute
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,7 +57,7 @@ _KNOWN_HARBOR = {
     "agent": {"timeout_sec", "user"},
     "environment": {
         "build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage",
-        "allow_internet", "env", "workdir",
+        "allow_internet", "env", "workdir", "type",
     },
 }
 _KNOWN_TB1 = {
@@ -141,11 +152,12 @@ def _read_text(file: Path) -> str:
 def _load_harbor(path: Path) -> Task:
     toml_file = path / "task.toml"
     try:
-        config = tomllib.loads(_read_text(toml_file))
+        config_table = tomllib.loads(_read_text(toml_file))
     except tomllib.TOMLDecodeError as exc:
         raise TaskError(f"{toml_file}: TOML syntax error: {exc}") from exc
-    fields = _Fields(toml_file, config)
+    fields = _Fields(toml_file, config_table)
     verifier, agent, environment = fields.table("verifier"), fields.table("agent"), fields.table("environment")
+    _refuse_unsupported_harbor(path, config_table, environment)
 
     instruction_file = path / "instruction.md"
     if not instruction_file.is_file():
@@ -156,19 +168,35 @@ def _load_harbor(path: Path) -> Task:
 
     docker_image = environment.string("docker_image")
     build_context = path / "environment"
+    compose_file = find_compose_file(build_context)
     if docker_image is None and not (build_context / "Dockerfile").is_file():
-        compose = (build_context / "docker-compose.yaml").exists()
-        hint = " (docker-compose.yaml environments are not supported)" if compose else ""
-        raise TaskError(f"{build_context / 'Dockerfile'}: missing and [environment] docker_image unset{hint}")
+        if compose_file is not None:
+            raise TaskError(
+                f"{compose_file}: an environment given only as a compose file (no environment/Dockerfile and no "
+                "[environment] docker_image) is not supported: terminus-env builds the agent's container from "
+                "environment/Dockerfile and runs the compose file's other services beside it"
+            )
+        raise TaskError(f"{build_context / 'Dockerfile'}: missing and [environment] docker_image unset")
 
     solve = path / "solution" / "solve.sh"
     metadata = dict(fields.table("metadata").raw)
-    if "task" in config:
+    if "task" in config_table:
         metadata["task"] = fields.table("task").raw
-    unknown = _unknown_harbor_fields(config)
+    unknown = _unknown_harbor_fields(config_table)
     if unknown:
         metadata["unknown_fields"] = unknown
 
+    build_timeout = environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S)
+    cpus = environment.bounded("cpus", MIN_CPUS, MAX_CPUS)
+    memory_mb = environment.megabytes("memory_mb", "memory", MIN_MEMORY_MB, MAX_MEMORY_MB)
+    host = host_environment()
+    compose = ComposeEnvironment(services=None)
+    if compose_file is not None:
+        variables = {**host, **harbor_variables(path.name, build_context, cpus, memory_mb)}
+        compose = read_compose(
+            compose_file, main=HARBOR_MAIN, main_build=build_context, variables=variables, image_prefix=path.name,
+            build_timeout_s=build_timeout,
+        )  # fmt: skip
     return Task(
         name=path.name,
         instruction=_read_text(instruction_file),
@@ -181,19 +209,44 @@ def _load_harbor(path: Path) -> Task:
         docker_image=docker_image,
         agent_timeout_s=agent.seconds("timeout_sec", None),
         verifier_timeout_s=verifier.seconds("timeout_sec", HARBOR_VERIFIER_TIMEOUT_S),
-        build_timeout_s=environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S),
-        cpus=environment.bounded("cpus", MIN_CPUS, MAX_CPUS),
-        memory_mb=environment.megabytes("memory_mb", "memory", MIN_MEMORY_MB, MAX_MEMORY_MB),
+        build_timeout_s=build_timeout,
+        cpus=compose.cpus if compose.cpus is not None else cpus,  # Harbor lays the task's compose file last
+        memory_mb=compose.memory_mb if compose.memory_mb is not None else memory_mb,
         storage_mb=environment.megabytes("storage_mb", "storage", MIN_STORAGE_MB, MAX_STORAGE_MB),
-        allow_internet=environment.boolean("allow_internet", True),
-        env=environment.string_map("env"),
-        workdir=environment.string("workdir"),
+        allow_internet=environment.boolean("allow_internet", True) and not compose.no_network,
+        env={**dict(compose.env), **environment.template_map("env", host)},
+        workdir=environment.string("workdir") or compose.workdir,
         agent_user=agent.string("user"),
-        verifier_env=verifier.string_map("env"),
+        verifier_env=verifier.template_map("env", host),
         verifier_user=verifier.string("user"),
         metadata=metadata,
         notes=() if solve.is_file() else (f"{solve} missing: the oracle cannot run",),
+        **_compose_fields(compose),
     )
+
+
+def _refuse_unsupported_harbor(path: Path, config_table: Mapping[str, Any], environment: _Fields) -> None:
+    """Refuse, by name, what cannot run as a single Docker task, before anything else can be reported missing."""
+    if "steps" in config_table or (path / "steps").is_dir():
+        where = "[[steps]] in task.toml" if "steps" in config_table else f"a {path / 'steps'} folder"
+        raise TaskError(
+            f"{path}: a multi-step task ({where}); multi-step tasks are not supported by terminus-env. Its top-level "
+            "tests/test.sh, if any, does not grade the steps, so it is not run as a single task"
+        )
+    kind = environment.string("type")
+    if kind is not None and kind != "docker":
+        raise TaskError(
+            f"{path / 'task.toml'}: field 'environment.type' is {kind!r}; terminus-env runs only Docker environments "
+            "(type = \"docker\", or no type)"
+        )
+
+
+def _compose_fields(compose: ComposeEnvironment) -> dict[str, Any]:
+    """The Task fields only a compose file sets."""
+    return {
+        "pids_limit": compose.pids_limit, "shm_size_mb": compose.shm_size_mb, "tmpfs": compose.tmpfs,
+        "extra_hosts": compose.extra_hosts, "services": compose.services,
+    }  # fmt: skip
 
 
 def _unknown_harbor_fields(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,7 +275,14 @@ def _load_tb1(path: Path) -> Task:
     parser = fields.string("parser_name") or "pytest"
     if parser != "pytest":
         raise TaskError(f"{yaml_file}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
+    compose_file = find_compose_file(path)
     if not (path / "Dockerfile").is_file():
+        if compose_file is not None:
+            raise TaskError(
+                f"{compose_file}: a Terminal-Bench 1 task whose services are all built from elsewhere (no Dockerfile "
+                "at the top of the task) is not supported: terminus-env builds the client from the task's Dockerfile "
+                "and runs the compose file's other services beside it"
+            )
         raise TaskError(f"{path / 'Dockerfile'}: missing; Terminal-Bench 1 tasks build from a Dockerfile at the top")
     run_tests = path / "run-tests.sh"
     if not run_tests.is_file():
@@ -242,6 +302,13 @@ def _load_tb1(path: Path) -> Task:
     unknown = {k: v for k, v in fields.raw.items() if k not in _KNOWN_TB1}
     if unknown:
         metadata["unknown_fields"] = unknown
+    compose = ComposeEnvironment(services=None)
+    if compose_file is not None:
+        variables = {**host_environment(), **tb1_variables(path.name)}
+        compose = read_compose(
+            compose_file, main=TB1_MAIN, main_build=path, variables=variables, image_prefix=path.name,
+            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
+        )  # fmt: skip
     return Task(
         name=path.name,
         instruction=instruction,
@@ -254,9 +321,15 @@ def _load_tb1(path: Path) -> Task:
         agent_timeout_s=fields.seconds("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S),
         verifier_timeout_s=fields.seconds("max_test_timeout_sec", TB1_TEST_TIMEOUT_S),
         build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
+        cpus=compose.cpus,
+        memory_mb=compose.memory_mb,
+        allow_internet=not compose.no_network,
+        env=dict(compose.env),
+        workdir=compose.workdir,
         verifier_env={"TEST_DIR": "/tests"},
         metadata=metadata,
         notes=tuple(notes),
+        **_compose_fields(compose),
     )
 
 
@@ -329,6 +402,16 @@ class _Fields:
         if not low <= megabytes <= high:
             raise self._error(legacy, f"is {size!r}, outside the usable range {low} MB to {high} MB")
         return megabytes
+
+    def template_map(self, key: str, variables: Mapping[str, str]) -> dict[str, str]:
+        """A string map whose values may hold ``${VAR}`` templates, resolved from ``variables`` as Harbor does."""
+        resolved = {}
+        for name, value in self.string_map(key).items():
+            try:
+                resolved[name] = substitute(value, variables, compose=False)
+            except TemplateError as exc:
+                raise self._error(f"{key}.{name}", f"cannot be resolved: {exc}") from None
+        return resolved
 
     def string_map(self, key: str) -> dict[str, str]:
         table = self.raw.get(key, {})

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from terminus_env.errors import TerminusError
+from terminus_env.sidecars import Services
 
 if TYPE_CHECKING:
     from terminus_env.sandbox import SandboxSpec
@@ -59,6 +60,12 @@ class Task:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     """What the loader could not honour (e.g. a solution.yaml), for the user to read."""
+    pids_limit: int | None = None
+    shm_size_mb: int | None = None
+    tmpfs: tuple[tuple[str, str], ...] = ()
+    extra_hosts: tuple[tuple[str, str], ...] = ()
+    services: Services | None = None
+    """The compose file's other services (sidecars), started beside the agent's container in every episode."""
 
     def __post_init__(self) -> None:
         for name in ("env", "verifier_env", "metadata"):  # frozen all the way down to the first level
@@ -94,15 +101,34 @@ class Task:
             workdir=self.workdir,
             user=self.agent_user,
             lifetime_s=max(lifetime, 4 * 3600.0),
+            **({} if self.pids_limit is None else {"pids_limit": self.pids_limit}),
+            shm_size_mb=self.shm_size_mb,
+            tmpfs=self.tmpfs,
+            extra_hosts=self.extra_hosts,
+            services=self.services,
         )
 
 
 async def task_image(task: Task) -> str:
-    """The image tag to start this task from: its prebuilt image, or its build context built (or reused)."""
+    """The image tag to start this task from, once every image its episodes need is here.
+
+    A prebuilt ``docker_image`` is used when present locally or pullable; otherwise the build context is built (or
+    reused). The sidecars' images are built (or pulled) too, so a broken one fails here, not in every episode.
+    """
+    from terminus_env.sandbox import ImageBuildError, ensure_image, ensure_prebuilt, ensure_sidecar_image
+
+    if task.services is not None:
+        for sidecar in task.services.sidecars:
+            await asyncio.to_thread(ensure_sidecar_image, sidecar)
     if task.docker_image is not None:
-        return task.docker_image
+        problem = await asyncio.to_thread(ensure_prebuilt, task.docker_image)
+        if problem is None:
+            return task.docker_image
+        if task.build_context is None:
+            raise ImageBuildError(
+                task.name, f"its prebuilt image {task.docker_image!r} is not here and cannot be pulled ({problem}); "
+                "load or build it locally, or add environment/Dockerfile to build from"
+            )  # fmt: skip
     if task.build_context is None:
         raise TaskError(f"{task.path}: task has neither a build context nor [environment] docker_image")
-    from terminus_env.sandbox import ensure_image
-
     return await asyncio.to_thread(ensure_image, task.build_context, task.name, task.build_timeout_s)

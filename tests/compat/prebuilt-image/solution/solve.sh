@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+ls -S /opt/data | head -n 1 > /app/largest.txt

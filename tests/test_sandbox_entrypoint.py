@@ -1,0 +1,174 @@
+"""The image's ENTRYPOINT runs on the agent's side, as the image's USER, with the keep-alive as its command; one
+that exits or never hands over ends the start with its own output in the error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from sandbox_support import SPEC, Runner, containers_of_pid, remove_tags, run_fixture  # noqa: F401
+
+from terminus_env import load_task
+from terminus_env.rollout import OraclePolicy, RolloutRunner
+from terminus_env.sandbox import Sandbox, SandboxError, SandboxSpec, ensure_image
+from terminus_env.sandbox import sandbox as sandbox_module
+from terminus_env.sandbox.channel import LOG_PREFIX
+
+pytestmark = pytest.mark.docker
+
+
+def none_left(wait_s: float = 15) -> bool:
+    """No container of this process is left (Docker may still be finishing an auto-removal)."""
+    deadline = time.monotonic() + wait_s
+    while containers_of_pid(os.getpid()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.fixture(scope="module")
+def client(docker_required: None) -> Iterator[docker.DockerClient]:
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def image(client: docker.DockerClient, tmp_path: Path) -> Iterator:
+    """Build an image from Dockerfile lines (and an entrypoint script); removed after the test."""
+    tags: list[str] = []
+
+    def build(name: str, dockerfile: str, entrypoint: str | None = None) -> str:
+        context = tmp_path / name
+        context.mkdir()
+        (context / "Dockerfile").write_text(f"FROM {SPEC.image}\n" + textwrap.dedent(dockerfile))
+        if entrypoint is not None:
+            (context / "entrypoint.sh").write_text(textwrap.dedent(entrypoint))
+        tags.append(ensure_image(context, f"sandbox-test-{name}-{os.getpid()}"))
+        return tags[-1]
+
+    yield build
+    for tag in tags:
+        client.images.remove(tag, force=True)
+
+
+def test_an_entrypoint_can_write_etc_hosts_and_leave_a_server_running(run: Runner, image) -> None:
+    tag = image(
+        "entrypoint-service",
+        """\
+        COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+        ENTRYPOINT ["bash", "/usr/local/bin/entrypoint.sh"]
+        """,
+        """\
+        echo "127.0.0.1 status.internal" >> /etc/hosts
+        mkdir -p /srv/www && echo ready > /srv/www/state
+        cd /srv/www && python3 -m http.server 8123 >/dev/null 2>&1 &
+        exec "$@"
+        """,
+    )
+
+    async def scenario() -> tuple[str, str]:
+        async with await Sandbox.start(SandboxSpec(tag)) as sandbox:
+            hosts = await sandbox.exec("getent hosts status.internal", 10)
+            fetched = await sandbox.exec(
+                "for i in $(seq 50); do curl -fs http://status.internal:8123/state && exit; sleep 0.1; done; exit 1", 20
+            )
+            return hosts.output, fetched.output
+
+    hosts, fetched = run(scenario())
+    assert hosts.split() == ["127.0.0.1", "status.internal"]
+    assert fetched.strip() == "ready"
+
+
+def test_an_entrypoint_that_exits_fails_the_start_with_its_output(run: Runner, image) -> None:
+    tag = image(
+        "entrypoint-exits",
+        """\
+        ENTRYPOINT ["sh", "-c", "echo loading /etc/app.conf; echo 'fatal: /etc/app.conf not found' >&2; exit 3", "--"]
+        """,
+    )
+    with pytest.raises(SandboxError) as failure:
+        run(Sandbox.start(SandboxSpec(tag)))
+    message = str(failure.value)
+    assert "ended before starting the keep-alive command (exit code 3)" in message
+    lines = message.splitlines()  # stdout and stderr, in whichever order the log interleaved them
+    assert "loading /etc/app.conf" in lines and "fatal: /etc/app.conf not found" in lines
+    assert LOG_PREFIX not in message  # the container's own lines are not the entrypoint's output
+    assert none_left()
+
+
+def test_an_entrypoint_that_never_hands_over_fails_the_start_in_time(
+    run: Runner, image, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag = image(
+        "entrypoint-hangs",
+        """\
+        ENTRYPOINT ["sh", "-c", "echo waiting for a database that never comes; sleep 600", "--"]
+        """,
+    )
+    monkeypatch.setattr(sandbox_module, "HANDOVER_S", 3.0)
+    with pytest.raises(SandboxError) as failure:
+        run(asyncio.wait_for(Sandbox.start(SandboxSpec(tag)), 60))
+    message = str(failure.value)
+    assert "did not start the keep-alive command within 3 s" in message
+    assert "waiting for a database that never comes" in message
+    assert none_left()
+
+
+def test_the_entrypoint_runs_as_the_images_user(run: Runner, image) -> None:
+    tag = image(
+        "entrypoint-user",
+        """\
+        RUN useradd -m app
+        COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+        USER app
+        ENTRYPOINT ["bash", "/usr/local/bin/entrypoint.sh"]
+        """,
+        """\
+        echo "$(id -un) $HOME" > /tmp/entrypoint-ran-as
+        exec "$@"
+        """,
+    )
+
+    async def scenario() -> tuple[str, str]:
+        async with await Sandbox.start(SandboxSpec(tag)) as sandbox:
+            ran_as = await sandbox.read_file("/tmp/entrypoint-ran-as")
+            whoami = await sandbox.exec("id -un", 10)  # the terminal's and exec's default user: the image's
+            return (ran_as or b"").decode(), whoami.output
+
+    ran_as, whoami = run(scenario())
+    assert ran_as.split() == ["app", "/home/app"]
+    assert whoami.strip() == "app"
+
+
+def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, client: docker.DockerClient) -> None:
+    task_dir = tmp_path / f"broken-entrypoint-{os.getpid()}"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n')
+    (task_dir / "instruction.md").write_text("Nothing to do.\n")
+    (task_dir / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        f"FROM {SPEC.image}\nENTRYPOINT [\"sh\", \"-c\", \"echo 'license key missing' >&2; exit 7\", \"--\"]\n"
+    )
+    task = load_task(task_dir)
+    runner = RolloutRunner(OraclePolicy(), env_kwargs={"mode": "eval"})
+    try:
+        (trajectory,) = asyncio.run(runner.run([task]))
+    finally:
+        remove_tags(client, f"terminus-env/task-{task_dir.name}")
+    assert trajectory.env_error and trajectory.reward == 0.0
+    assert trajectory.error and "exit code 7" in trajectory.error and "license key missing" in trajectory.error
+
+
+def test_the_host_and_the_container_agree_on_names() -> None:
+    from terminus_env.sandbox import channel, daemon
+
+    assert (channel.LOG_PREFIX, channel.CODE_VARIABLE) == (daemon.LOG_PREFIX, daemon.CODE_VARIABLE)
