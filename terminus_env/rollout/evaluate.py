@@ -4,6 +4,7 @@ Lenient by default, like Terminal-Bench, so scores compare with public results; 
 applies the training semantics. ``--oracle`` replaces the model with each task's solution, which
 checks the env end to end; ``--sim N`` serves that oracle from N simulated vLLM replicas through
 the serving pool, which checks the whole rollout path (routing, HTTP, token accounting) as well.
+``--ray ADDRESS`` runs the sandboxes on the nodes of that Ray cluster instead of this machine's Docker.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from terminus_env.metrics import aggregate
 from terminus_env.rollout.policy import OraclePolicy, OracleReplies, Policy, ServingPolicy
 from terminus_env.rollout.runner import RolloutRunner
 from terminus_env.rollout.trajectory import Trajectory
+from terminus_env.sandbox.errors import SandboxError
 from terminus_env.tasks import Task, load_tasks
 
 
@@ -56,9 +58,26 @@ async def _evaluate(args: argparse.Namespace, tasks: Sequence[Task], env_kwargs:
         outcome = trajectory.error or (trajectory.summary.end_reason if trajectory.summary else "?")
         print(f"[{done}/{total}] {trajectory.task}: reward {trajectory.reward:g} ({outcome})", flush=True)
 
-    async with _policy(args, tasks) as policy:
-        runner = RolloutRunner(policy, env_kwargs=env_kwargs, max_sandboxes=args.concurrency, on_finish=progress)
+    async with _policy(args, tasks) as policy, _sandbox_pool(args) as sandbox_pool:
+        runner = RolloutRunner(
+            policy, env_kwargs=env_kwargs, sandbox_pool=sandbox_pool, max_sandboxes=args.concurrency,
+            on_finish=progress,
+        )  # fmt: skip
         return await runner.run(tasks, group_size=args.trials)
+
+
+@contextlib.asynccontextmanager
+async def _sandbox_pool(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """With ``--ray ADDRESS``, sandboxes on that Ray cluster's nodes; else None (this machine's Docker)."""
+    if not args.ray:
+        yield None
+        return
+    try:
+        from terminus_env.sandbox.fleet import RaySandboxPool
+    except ImportError as exc:
+        raise SandboxError(str(exc)) from exc
+    async with RaySandboxPool(args.ray) as pool:
+        yield pool
 
 
 @contextlib.asynccontextmanager

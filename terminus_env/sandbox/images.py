@@ -156,12 +156,12 @@ def ensure_image(
     tag = f"terminus-env/task-{slug(name)}:{context_hash(context_dir, _local_image_ids(client, parents))}"
     if _image_exists(client, tag):
         return tag
-    with _context_tar(context_dir) as context:
+    with context_tar(context_dir) as context:
         _run_build(client, tag, name, {"fileobj": context, "custom_context": True}, timeout=build_timeout)
     return tag
 
 
-def _context_tar(context_dir: Path) -> IO[bytes]:
+def context_tar(context_dir: Path) -> IO[bytes]:
     """The build context as docker-py sends it (honouring .dockerignore), less bytecode caches."""
     ignore_file = context_dir / ".dockerignore"
     lines = ignore_file.read_text(errors="replace").splitlines() if ignore_file.is_file() else []

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from terminus_env.errors import TerminusError
 
@@ -97,12 +97,21 @@ class Task:
         )
 
 
-async def task_image(task: Task) -> str:
-    """The image tag to start this task from: its prebuilt image, or its build context built (or reused)."""
+class ImageBuilder(Protocol):
+    """Builds a task's image where its sandboxes run: a sandbox pool (a Ray pool builds on the chosen node)."""
+
+    async def build_image(self, context_dir: Path, name: str, build_timeout_s: float) -> str: ...
+
+
+async def task_image(task: Task, builder: ImageBuilder | None = None) -> str:
+    """The image to start this task from: its prebuilt image, or its build context built (or reused) by
+    ``builder``, or by this machine's Docker engine without one."""
     if task.docker_image is not None:
         return task.docker_image
     if task.build_context is None:
         raise TaskError(f"{task.path}: task has neither a build context nor [environment] docker_image")
+    if builder is not None:
+        return await builder.build_image(task.build_context, task.name, task.build_timeout_s)
     from terminus_env.sandbox import ensure_image
 
     return await asyncio.to_thread(ensure_image, task.build_context, task.name, task.build_timeout_s)
