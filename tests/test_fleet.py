@@ -330,3 +330,33 @@ def _remove_image(tag: str) -> None:
         client.images.remove(tag, force=True)
     finally:
         client.close()
+
+
+def test_a_host_that_stops_answering_is_lost_by_the_liveness_check(
+    nodes: TwoNodes, run: Runner, tiny_task_dir: Path
+) -> None:
+    """A frozen host (SIGSTOP: what a node cut off the network looks like) is still alive to Ray; the pool's own
+    check declares it lost, its sandbox's call fails, and the host is killed with its containers."""
+    task = load_task(tiny_task_dir)
+
+    async def scenario() -> tuple[float, int, list[str]]:
+        async with pool_of() as pool:
+            spec = task.sandbox_spec(await pool.build_image(task.build_context, task.name, 300))
+            sandbox = await pool.acquire(spec)
+            pid = sandbox.host.info.pid
+            os.kill(pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                with pytest.raises(SandboxLost, match="liveness check"):
+                    await sandbox.terminal.send("sleep 30\n", 40)
+                lost_after = time.monotonic() - stopped
+            finally:
+                os.kill(pid, signal.SIGCONT)  # the kill the pool sent can land now, whatever it was
+            left = await asyncio.to_thread(wait_for_no_containers, [pid], 30)
+            await pool.release(sandbox)
+            await pool.refresh()
+            return lost_after, len(pool.hosts), left
+
+    lost_after, hosts, left = run(scenario())
+    assert lost_after < 30, f"lost after {lost_after:.1f} s"
+    assert hosts == 2 and left == []

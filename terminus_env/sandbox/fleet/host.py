@@ -34,6 +34,9 @@ from terminus_env.sandbox.sandbox import Sandbox
 from terminus_env.sandbox.spec import SandboxSpec
 
 _MB = 1024 * 1024
+HOST_NICENESS = 0
+"""Ray starts its workers at niceness 15; a host answers terminal operations while its sandboxes compete for the
+same cores, so it asks for the default niceness back, where the node lets it (root or CAP_SYS_NICE)."""
 
 
 class SandboxHost:
@@ -52,6 +55,7 @@ class SandboxHost:
     async def describe(self) -> HostInfo | Answer:
         """Connect to this node's Docker engine, remove the containers of dead owners, and say what is here
         (an Answer with the error when the engine does not answer)."""
+        _renice(HOST_NICENESS)
         try:
             client = await self._docker()
             images = await asyncio.to_thread(_image_tags, client)
@@ -202,6 +206,15 @@ def _image_tags(client: docker.DockerClient) -> frozenset[str]:
     return frozenset(
         tag for image in client.api.images() for tag in image.get("RepoTags") or () if tag != "<none>:<none>"
     )
+
+
+def _renice(niceness: int) -> None:
+    """Set every thread of this process to ``niceness`` (Linux keeps one per thread); quietly keep it if refused."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+        except OSError:
+            return
 
 
 def _cpus() -> float:
