@@ -22,7 +22,9 @@ class HostLimits:
 
     sandboxes_per_cpu: float = 4.0
     memory_mb_per_sandbox: int = 512
-    max_sandboxes: int = 256
+    max_sandboxes: int = 64
+    """One host actor is one Python process: where the disk watchdog runs (no enforced storage size), each sandbox
+    costs it about 11 ms of CPU per second, so one core serves about 85."""
 
     def __post_init__(self) -> None:
         if not self.sandboxes_per_cpu > 0:
