@@ -128,6 +128,21 @@ async def latency(pool: RaySandboxPool, task, steps: int) -> None:
     row("one tmux operation (capture-pane)", both(local_ops), both(remote_ops))
     row("whole `echo hi` step (env.astep, duration 1)", both(local_steps), both(remote_steps))
     row("driver CPU per tmux operation", ms(local_cpu), ms(remote_cpu))
+    calls, rate, cpu = await concurrent_pings(link, workers=32, each=20)
+    row(f"{calls} pings, 32 in flight", "", f"{rate:.0f} calls/s, {ms(cpu)} CPU each")
+
+
+async def concurrent_pings(link, workers: int, each: int) -> tuple[int, float, float]:
+    """(calls, calls per second, driver CPU per call) with ``workers`` calls in flight at once."""
+
+    async def worker() -> None:
+        for _ in range(each):
+            await link.call("ping", 30)
+
+    cpu, started = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    calls = workers * each
+    return calls, calls / (time.perf_counter() - started), (time.process_time() - cpu) / calls
 
 
 # ----- 3. throughput ------------------------------------------------------------------------------------------

@@ -309,6 +309,23 @@ def test_a_lost_host_answers_like_a_vanished_container(nodes: TwoNodes, run: Run
     assert run(scenario()) == (False, False, "")
 
 
+def test_a_cluster_without_sandbox_nodes_is_a_clear_error(
+    nodes: TwoNodes, run: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No node offers the resource (here: the listing shows none): the error says how to offer slots."""
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "ab" * 28, "Alive": True, "Resources": {"CPU": 8.0}}])
+
+    async def scenario() -> None:
+        pool = RaySandboxPool(config=QUICK)
+        try:
+            await pool.start()
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(SandboxError, match=r"no live node offers the resource 'terminus_sandbox_host'.*ray start"):
+        run(scenario())
+
+
 def _fresh_task(folder: Path):
     """A tiny task whose image no host has yet (its Dockerfile is unique to this run)."""
     (folder / "environment").mkdir(parents=True)

@@ -161,7 +161,10 @@ class RaySandboxPool:
 
     # ----- hosts --------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Find the nodes that offer the resource and start a host on each (done once; acquire does it too)."""
+        """Find the nodes that offer the resource and start a host on each (done once; acquire does it too).
+
+        Raises SandboxError, saying how to offer slots, when no host could start.
+        """
         if self._closed:
             raise SandboxError("this RaySandboxPool is closed; create a new one")
         if self._started is None:
@@ -170,6 +173,8 @@ class RaySandboxPool:
         await asyncio.shield(self._started)
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._watch_hosts())
+            if not self._hosts:
+                raise SandboxError(self._no_hosts())
 
     async def refresh(self) -> None:
         """Look for nodes without a host now (the pool also does so every ``refresh_s``)."""
