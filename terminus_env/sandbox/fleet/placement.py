@@ -24,7 +24,7 @@ class HostLimits:
     memory_mb_per_sandbox: int = 512
     max_sandboxes: int = 64
     """One host actor is one Python process: where the disk watchdog runs (no enforced storage size), each sandbox
-    costs it about 11 ms of CPU per second, so one core serves about 85."""
+    costs it about 12 ms of CPU per second, so one core serves about 80 (docs/notes/fleet.md)."""
 
     def __post_init__(self) -> None:
         if not self.sandboxes_per_cpu > 0:
