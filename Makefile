@@ -69,6 +69,7 @@ bench: base-image
 	$(PY) bench/parser.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/routing.py
+	$(PY) bench/fleet.py
 
 clean:
 	-$(CLI) gc

@@ -122,6 +122,11 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
     parser.add_argument("--trials", type=int, default=1, help="rollouts per task (k of pass@k)")
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    parser.add_argument(
+        "--ray", metavar="ADDRESS",
+        help="run the sandboxes on the nodes of this Ray cluster (what ray.init(address=...) takes, e.g. auto or "
+        "HEAD:6379); nodes offer slots with the resource terminus_sandbox_host; needs the 'ray' extra",
+    )  # fmt: skip
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--max-turn-tokens", type=int, default=16384)
     parser.add_argument("--strict", action="store_true", help="strict format and truncation, as in training")

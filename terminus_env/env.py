@@ -199,7 +199,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         await self._release_sandbox()
         started = time.monotonic()
         if self._image is None:
-            self._image = await task_image(self.task)
+            self._image = await task_image(self.task, self._pool)
         spec = self.task.sandbox_spec(self._image)
         sandbox = await (self._pool.acquire(spec) if self._pool else Sandbox.start(spec))
         self._episode = _Episode(sandbox=sandbox, started=time.monotonic(), loop=asyncio.get_running_loop())

@@ -8,7 +8,8 @@ the serving pool, which checks the whole rollout path (routing, HTTP, token acco
 
 A run made to last hours: a task that does not load or build is a row with its error and the run
 goes on; each rollout is written to the run file as it ends, and ``--resume`` continues a run that
-was interrupted, skipping the rollouts already in the file.
+was interrupted, skipping the rollouts already in the file. ``--ray ADDRESS`` runs the sandboxes on
+the nodes of that Ray cluster instead of this machine's Docker engine.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from terminus_env.errors import TerminusError
 from terminus_env.metrics import aggregate
@@ -152,8 +153,10 @@ async def _evaluate(
         **({"strict_format": True, "strict_truncation": True} if config.strict else {}),
     }
     builds, slots = asyncio.Semaphore(args.concurrency), asyncio.Semaphore(args.concurrency)
-    async with _policy(args, tasks) as policy:
-        runner = RolloutRunner(policy, env_kwargs=env_kwargs, max_sandboxes=args.concurrency)
+    async with _policy(args, tasks) as policy, _sandbox_pool(args) as sandbox_pool:
+        runner = RolloutRunner(
+            policy, env_kwargs=env_kwargs, sandbox_pool=sandbox_pool, max_sandboxes=args.concurrency
+        )
 
         async def one(task: Task, trial: int) -> None:
             async with slots:  # taken here, not only in the runner, so "running" counts what runs, not what waits
@@ -167,7 +170,7 @@ async def _evaluate(
         async def run_task(task: Task) -> None:
             async with builds:  # one build per task, before its rollouts, so a broken Dockerfile fails once
                 try:
-                    await task_image(task)
+                    await task_image(task, sandbox_pool)
                 except (SandboxError, TaskError) as exc:
                     _task_failed(task.name, task.category, TaskStage.IMAGE, exc, len(todo[task.name]), log, progress)
                     return
@@ -233,6 +236,20 @@ def rollout_record(task: Task, trial: int, trajectory: Trajectory) -> RolloutRec
 def _progress_label(record: RolloutRecord) -> str:
     why = f" · {record.detail.splitlines()[0]}" if record.detail else ""
     return f"{record.task} #{record.trial}: reward {record.reward:g} ({record.end_reason}){why}"
+
+
+@contextlib.asynccontextmanager
+async def _sandbox_pool(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """With ``--ray ADDRESS``, sandboxes on that Ray cluster's nodes; else None (this machine's Docker)."""
+    if not args.ray:
+        yield None
+        return
+    try:
+        from terminus_env.sandbox.fleet import RaySandboxPool
+    except ImportError as exc:
+        raise SandboxError(str(exc)) from exc
+    async with RaySandboxPool(args.ray) as pool:
+        yield pool
 
 
 @contextlib.asynccontextmanager

@@ -167,7 +167,7 @@ def ensure_image(
     if _image_exists(client, tag):
         return tag
     context = str(context_dir.resolve())
-    with _context_tar(context_dir) as archive:
+    with context_tar(context_dir) as archive:
         source = {"fileobj": archive, "custom_context": True, "dockerfile": dockerfile, "buildargs": dict(args)}
         _run_build(client, tag, name, source, timeout=build_timeout, labels={CONTEXT_LABEL: context})
     _untag_replaced(client, tag, context)
@@ -215,7 +215,7 @@ def _split_reference(reference: str) -> tuple[str, str]:
     return reference, "latest"
 
 
-def _context_tar(context_dir: Path) -> IO[bytes]:
+def context_tar(context_dir: Path) -> IO[bytes]:
     """The build context as docker-py sends it (honouring .dockerignore), less bytecode caches."""
     ignore_file = context_dir / ".dockerignore"
     lines = ignore_file.read_text(errors="replace").splitlines() if ignore_file.is_file() else []

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import docker
 
 from terminus_env.sandbox.errors import SandboxError
+from terminus_env.sandbox.images import ensure_image
 from terminus_env.sandbox.sandbox import Sandbox
 from terminus_env.sandbox.spec import SandboxSpec
 
@@ -59,6 +61,10 @@ class SandboxPool:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def build_image(self, context_dir: Path, name: str, build_timeout_s: float) -> str:
+        """Build (or reuse) a task's image on this machine's Docker engine, where this pool's sandboxes run."""
+        return await asyncio.to_thread(ensure_image, context_dir, name, build_timeout_s, self._client)
 
     def warm_count(self, spec: SandboxSpec) -> int:
         return len(self._warm.get(spec, []))

@@ -168,11 +168,15 @@ class Sandbox:
         local = Path(local)
         if not local.is_dir():
             raise SandboxError(f"put_dir: {local} is not a folder; pass the folder whose contents to copy")
-        await asyncio.to_thread(self._put_archive, tar_dir(local, dest))
+        await self.put_archive(tar_dir(local, dest))
 
     async def put_file(self, data: bytes, dest: str, mode: int = 0o644) -> None:
         """Write ``data`` to the file ``dest`` (parent folders are created), where both sides see it."""
-        await asyncio.to_thread(self._put_archive, tar_file(data, dest, mode))
+        await self.put_archive(tar_file(data, dest, mode))
+
+    async def put_archive(self, data: bytes) -> None:
+        """Unpack the tar ``data`` at the container's root, where both sides see it (a remote caller's put_dir)."""
+        await asyncio.to_thread(self._put_archive, data)
 
     async def read_file(self, path: str, max_bytes: int = 1_000_000) -> bytes | None:
         """The file's first ``max_bytes`` bytes as the host's side sees it, or None if it does not exist."""

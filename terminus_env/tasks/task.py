@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from terminus_env.errors import TerminusError
 from terminus_env.sidecars import Services
@@ -109,11 +109,19 @@ class Task:
         )
 
 
-async def task_image(task: Task) -> str:
+class ImageBuilder(Protocol):
+    """Builds a task's image where its sandboxes run: a sandbox pool (a Ray pool builds on the chosen node)."""
+
+    async def build_image(self, context_dir: Path, name: str, build_timeout_s: float) -> str: ...
+
+
+async def task_image(task: Task, builder: ImageBuilder | None = None) -> str:
     """The image tag to start this task from, once every image its episodes need is here.
 
     A prebuilt ``docker_image`` is used when present locally or pullable; otherwise the build context is built (or
-    reused). The sidecars' images are built (or pulled) too, so a broken one fails here, not in every episode.
+    reused) by ``builder`` (a sandbox pool: a Ray pool builds on the node it picks), or by this machine's Docker
+    engine without one. The sidecars' images are built (or pulled) here, on this machine, so a broken one fails
+    here, not in every episode.
     """
     from terminus_env.sandbox import ImageBuildError, ensure_image, ensure_prebuilt, ensure_sidecar_image
 
@@ -131,4 +139,6 @@ async def task_image(task: Task) -> str:
             )  # fmt: skip
     if task.build_context is None:
         raise TaskError(f"{task.path}: task has neither a build context nor [environment] docker_image")
+    if builder is not None:
+        return await builder.build_image(task.build_context, task.name, task.build_timeout_s)
     return await asyncio.to_thread(ensure_image, task.build_context, task.name, task.build_timeout_s)
