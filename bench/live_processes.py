@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from terminus_env.sandbox import Sandbox
-from terminus_env.tasks import Task, load_tasks, shipped_tasks_dir, task_image
+from terminus_env.tasks import Task, TaskError, load_task, shipped_tasks_dir, task_image
 from terminus_env.tasks.grading import apply_oracle, grade
+from terminus_env.tasks.loader import task_dirs
 
 
 async def reward(task: Task, stop_first: bool) -> float:
@@ -47,7 +48,13 @@ def main() -> int:
     parser.add_argument("folders", nargs="*", type=Path, help="folders of tasks (default: the shipped suite)")
     parser.add_argument("--jobs", type=int, default=4)
     args = parser.parse_args()
-    tasks = [task for folder in (args.folders or [shipped_tasks_dir()]) for task in load_tasks(folder)]
+    tasks = []
+    for folder in args.folders or [shipped_tasks_dir()]:
+        for path in task_dirs(folder):
+            try:
+                tasks.append(load_task(path))
+            except TaskError as exc:  # e.g. a refused multi-step task: it has no episode to grade
+                print(f"skipped {path.name}: {str(exc).splitlines()[0]}", file=sys.stderr)
     rows = asyncio.run(measure(tasks, args.jobs))
     print("| task | reward as it stands | reward with the agent's processes stopped first |")
     print("| --- | --- | --- |")
