@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,11 +40,15 @@ ASSERTION = "AssertionError: expected 1 row in /app/out.csv, found 2 after readi
 
 
 def run_pytest(tmp_path: Path, source: str, *flags: str) -> tuple[str, bytes | None]:
-    """Run the image-side verifier's tool for real: pytest on a test file, optionally with a CTRF report."""
+    """Run the image-side verifier's tool for real: pytest on a test file, optionally with a CTRF report.
+
+    The width is pinned to an 80-column terminal, as in a verifier's container; a CI runner that exports a wide
+    ``COLUMNS`` would otherwise leave pytest's summary lines uncut.
+    """
     (tmp_path / "test_verifier.py").write_text(source)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *flags, "test_verifier.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "80"},
     )  # fmt: skip
     ctrf = tmp_path / "ctrf.json"
     return result.stdout + result.stderr, ctrf.read_bytes() if ctrf.exists() else None
