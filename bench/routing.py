@@ -26,13 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from routing_lab.cluster import Cluster, ClusterConfig, ClusterResult
+from routing_lab.workload import RolloutPlan, WorkloadConfig, make_workload
+
 from terminus_env.serving.admission import AdaptiveAdmission, Admission, FixedAdmission
 from terminus_env.serving.capacity import pipeline_concurrency_cap
 from terminus_env.serving.metrics import EngineMetrics
 from terminus_env.serving.router import POLICIES, Router
-from terminus_env.serving.sim.cluster import Cluster, ClusterConfig, ClusterResult
+from terminus_env.serving.scheduler import Scheduler
 from terminus_env.serving.sim.engine import SimConfig
-from terminus_env.serving.sim.workload import RolloutPlan, WorkloadConfig, make_workload
 
 CAPS = ("uncapped", "fixed", "adaptive")
 OVERCOMMIT = "adaptive-oc2"  # adaptive, allowed to probe up to 2x its KV budget while pinned KV stays low
@@ -183,10 +185,9 @@ def router_for(cluster: Cluster, policy: str, setup: Setup, rebalance: bool) -> 
 def run_one(policy: str, cap: str, setup: Setup) -> Run:
     batches = make_workload(setup.workload)
     cluster = Cluster(setup.cluster)
-    router = router_for(cluster, policy, setup, rebalance=cap == MOVE)
-    admission = admission_for(cap, setup, batches)
+    scheduler = Scheduler(router_for(cluster, policy, setup, rebalance=cap == MOVE), admission_for(cap, setup, batches))
     started = time.process_time()
-    result = cluster.run(batches, router, admission)
+    result = cluster.run(batches, scheduler)
     return Run(policy, cap, setup.workload.seed, result, time.process_time() - started)
 
 

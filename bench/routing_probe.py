@@ -21,11 +21,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import routing as bench
+from routing_lab.cluster import Cluster, ClusterConfig
+from routing_lab.workload import RolloutPlan, WorkloadConfig, make_workload
 
 from terminus_env.serving.admission import AdaptiveAdmission, Admission
 from terminus_env.serving.router import POLICIES
-from terminus_env.serving.sim.cluster import Cluster, ClusterConfig
-from terminus_env.serving.sim.workload import RolloutPlan, WorkloadConfig, make_workload
+from terminus_env.serving.scheduler import Scheduler
 
 CAPS = (*bench.CAPS, bench.OVERCOMMIT, bench.WHOLE)  # adaptive-move is the ``:move`` flag here
 
@@ -93,7 +94,7 @@ def run(config: Config, k: int, seed: int, replicas: int, trace: bool) -> Outcom
         route, release = router.route, router.release
         router.route = lambda s, g=None: (started.setdefault(s, cluster.clock()), route(s, g))[1]  # type: ignore[method-assign]
         router.release = lambda s: (ended.setdefault(s, cluster.clock()), release(s))[1]  # type: ignore[method-assign]
-    result = cluster.run(batches, router, _admission(config, setup, batches))
+    result = cluster.run(batches, Scheduler(router, _admission(config, setup, batches)))
     lines = []
     for s, batch in enumerate(batches if trace else ()):
         paths = {p.rollout_id: bench.critical_path(p, setup.cluster.engine) for p in batch}
