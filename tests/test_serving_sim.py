@@ -246,3 +246,13 @@ def test_every_engine_setting_is_a_flag(tmp_path):
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="2.5",model_name="m"} 0.0' in text
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="5.0",model_name="m"} 1.0' in text
     assert 'enable_prefix_caching="False"' in text and 'num_gpu_blocks="100"' in text
+
+
+def test_ignore_eos_generates_max_tokens_as_vllm_does():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            return await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=500, ignore_eos=True)
+
+    c = run(main())
+    assert (c.finish_reason, c.completion_tokens, len(c.token_ids), len(c.logprobs)) == ("length", 500, 500, 500)
+    assert c.text == DEFAULT_REPLY and c.token_ids[len(c.text.split())] == IM_END  # the reply, its end, then more

@@ -236,7 +236,9 @@ class SimServer:
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
         output_ids = (*(token_id(piece) for piece in reply), IM_END)
-        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(output_ids),
+        # vLLM's ignore_eos generates max_tokens whatever the model says, and finishes with "length".
+        output_len = max_tokens + 1 if body.get("ignore_eos") is True else len(output_ids)
+        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=output_len,
                                  output_token_ids=output_ids)
         try:
             done = await driver.generate(sim_request)
@@ -281,8 +283,8 @@ class SimServer:
         self, body: dict, request_id: str, prompt: list[int], reply: list[str], done: SimFinished
     ) -> dict:
         kept = reply[: done.output_tokens]
-        texts = kept + ["<|im_end|>"] * (done.output_tokens - len(kept))
-        ids = [token_id(piece) for piece in kept] + [IM_END] * (done.output_tokens - len(kept))
+        ids = list(done.output_token_ids)  # the reply's tokens, then its end token (or, past it, any token)
+        texts = kept + ["<|im_end|>" if i == IM_END else "" for i in ids[len(kept):]]
         choice: dict = {
             "index": 0,
             "message": {"role": "assistant", "content": "".join(kept), "tool_calls": []},
