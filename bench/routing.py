@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from routing_lab.cluster import Cluster, ClusterConfig, ClusterResult
-from routing_lab.workload import RolloutPlan, WorkloadConfig, make_workload
+from routing_lab.workload import RolloutPlan, WorkloadConfig, fits, make_workload
 
 from terminus_env.serving.admission import AdaptiveAdmission, Admission, FixedAdmission
 from terminus_env.serving.capacity import pipeline_concurrency_cap
@@ -71,9 +71,9 @@ def turn_lengths(plan: RolloutPlan, max_model_len: int) -> list[tuple[int, int, 
     out = []
     prompt = len(plan.prompt)
     for turn in plan.turns:
-        if prompt >= max_model_len:
+        if not fits(prompt, plan.max_tokens, max_model_len):
             break  # the request is refused: the episode ends at its context limit
-        generated = min(turn.output_len, plan.max_tokens, max_model_len - prompt)
+        generated = min(turn.output_len, plan.max_tokens)
         out.append((prompt, generated, len(turn.tool_tokens)))
         prompt += generated + len(turn.tool_tokens)
     return out

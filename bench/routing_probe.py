@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import routing as bench
 from routing_lab.cluster import Cluster, ClusterConfig
+from routing_lab.oracle import OracleAdmission
 from routing_lab.workload import RolloutPlan, WorkloadConfig, make_workload
 
 from terminus_env.serving.admission import AdaptiveAdmission, Admission
@@ -59,18 +60,6 @@ class Outcome:
     preemption_rate: float
     stay_share: float
     trace: tuple[str, ...]
-
-
-class OracleAdmission(AdaptiveAdmission):
-    """Adaptive admission that admits the waiter with the longest true critical path first (clairvoyant)."""
-
-    def __init__(self, like: AdaptiveAdmission, critical_paths: dict[str, float]) -> None:
-        super().__init__(like.pipeline_cap, like.prior_trace_tokens, horizon_turns=like.horizon_turns,
-                         max_target_scale=like.max_target_scale)
-        self.critical_paths = critical_paths
-
-    def pick(self, waiting: Sequence[tuple[str, str | None]]) -> int:
-        return max(range(len(waiting)), key=lambda i: self.critical_paths[waiting[i][0]])
 
 
 def _admission(config: Config, setup: bench.Setup, batches: Sequence[Sequence[RolloutPlan]]) -> Admission:

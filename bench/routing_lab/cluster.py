@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from routing_lab.workload import RolloutPlan
+from routing_lab.workload import RolloutPlan, fits
 from terminus_env.serving.scheduler import Scheduler
 from terminus_env.serving.sim.engine import (
-    ContextTooLong,
     SimConfig,
     SimFinished,
     SimReplica,
@@ -54,7 +53,7 @@ class ClusterResult:
     makespan_s: float
     rollouts: int
     finished_rollouts: int
-    context_limited: int  # rollouts ended because the next prompt did not fit max_model_len (HTTP 400)
+    context_limited: int  # rollouts ended because prompt + max_tokens would overrun max_model_len (HTTP 400)
     requests: int
     output_tokens: int  # as the client saw them
     engine_generation_tokens: int  # as the engines counted them (must equal output_tokens)
@@ -194,14 +193,13 @@ class _Run:
         turn = plan.turns[ro.turn]
         req = SimRequest(f"{plan.rollout_id}/t{ro.turn}", ro.prompt, plan.max_tokens, turn.output_len,
                          output_token_ids=turn.output_token_ids)
-        if name not in self.busy:
-            replica.advance_to(self.cluster.now)
-        try:
-            replica.submit(req, arrival_s=self.cluster.now)
-        except ContextTooLong:
+        if not fits(len(ro.prompt), plan.max_tokens, replica.config.max_model_len):
             self.tally.context_limited += 1
             self.end_rollout(ro)
             return
+        if name not in self.busy:
+            replica.advance_to(self.cluster.now)
+        replica.submit(req, arrival_s=self.cluster.now)
         self.scheduler.dispatched(name, plan.rollout_id, len(ro.prompt))
         self.inflight[req.request_id] = ro
         self.tally.requests += 1

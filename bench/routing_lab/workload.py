@@ -60,6 +60,12 @@ class RolloutPlan:
     max_tokens: int
 
 
+def fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool:
+    """Whether vLLM takes the request: it refuses (HTTP 400) a prompt whose ``max_tokens`` could overrun
+    ``max_model_len``, so an agent's episode ends at its context limit one turn before it would overflow."""
+    return prompt_tokens + max_tokens <= max_model_len
+
+
 def make_workload(config: WorkloadConfig) -> list[list[RolloutPlan]]:
     """One list of rollouts per training step, reproducible from ``config.seed``."""
     rng = np.random.default_rng(config.seed)
