@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit bench clean
+.PHONY: all venv docker base-image demo check lint test unit bench bench-http clean
 
 all: demo
 
@@ -49,6 +49,10 @@ bench: base-image
 	$(PY) bench/parser.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/routing.py
+
+# Real routers over real HTTP in front of simulated replicas: about two hours at the default time scale.
+bench-http: venv
+	$(PY) bench/routing_http.py --json routing-http.json
 
 clean:
 	-$(CLI) gc
