@@ -42,8 +42,9 @@ healthy() {  # healthy URL SECONDS: wait for /health
     local url=$1 limit=$2 t=0
     until curl -sf "$url/health" > /dev/null; do
         sleep 2; t=$((t + 2))
-        [ "$t" -ge "$limit" ] && return 1
+        if [ "$t" -ge "$limit" ]; then return 1; fi
     done
+    return 0
 }
 
 if ! nvidia-smi -L > "$OUT_DIR/gpus.txt" 2>&1; then log "no GPU answers nvidia-smi: nothing to check"; exit 1; fi
