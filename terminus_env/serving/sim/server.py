@@ -244,9 +244,8 @@ class SimServer:
             done = await driver.generate(sim_request)
         except Exception as exc:
             raise _ApiError(500, f"engine {driver.replica.engine} failed: {type(exc).__name__}: {exc}") from exc
-        response = Response.json(200, self._completion_body(body, request_id, prompt, reply, done))
-        response.headers[REPLICA_HEADER] = f"{self.host}:{self.port}"
-        return response
+        body = self._completion_body(body, request_id, prompt, reply, done)
+        return Response.json(200, body, headers={REPLICA_HEADER: f"{self.host}:{self.port}"})
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
         """vLLM's two context-length refusals, word for word where clients parse them."""
