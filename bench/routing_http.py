@@ -60,6 +60,7 @@ from terminus_env.serving.pool import ServingPool
 from terminus_env.serving.router import Router
 from terminus_env.serving.scheduler import Scheduler
 from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.server import REPLICA_HEADER
 
 MODEL = "sim"
 VLLM_ROUTER_POLICIES = ("cache_aware", "sticky_least_loaded", "kv_aware", "consistent_hash", "power_of_two",
@@ -231,36 +232,41 @@ def latency_requests(chats: Sequence[Sequence[ChatRollout]], count: int) -> list
 
 async def added_latency_ms(via: str | ServingPool, header: str | None, direct: Sequence[str],
                            requests: Sequence[tuple[ChatRollout, list[dict]]], model: str) -> float:
-    """Median of (through the router or pool − straight to a replica), one request at a time, the order
-    alternating so neither side always finds the warmer cache."""
+    """Median of (through the router or pool − straight to the replica that served it), one request at a
+    time. Each request goes through once untimed first (its placement, and a warm prefix cache there);
+    then through and straight once each, in alternating order, so both timed sends do the same work.
+    Where the replica does not say who it is (live vLLM behind a router), straight goes round ``direct``."""
     async with httpx.AsyncClient(timeout=60) as http:
 
-        async def straight(i: int, ro: ChatRollout, messages: list[dict]) -> float:
+        async def straight(url: str, ro: ChatRollout, messages: list[dict]) -> float:
             t0 = time.perf_counter()
-            response = await http.post(f"{direct[i % len(direct)]}/v1/chat/completions",
+            response = await http.post(f"{url}/v1/chat/completions",
                                        json=request_body(model, messages, replace(ro, max_tokens=8)))
             response.raise_for_status()
             response.json()
             return time.perf_counter() - t0
 
-        async def routed(ro: ChatRollout, messages: list[dict]) -> float:
+        async def routed(ro: ChatRollout, messages: list[dict]) -> tuple[float, str]:
             t0 = time.perf_counter()
             if isinstance(via, ServingPool):
-                await via.chat(ro.rollout_id, messages, max_tokens=8, group_id=ro.group_id, logprobs=False)
-            else:
-                response = await http.post(f"{via}/v1/chat/completions", headers={header or "": ro.rollout_id},
-                                           json=request_body(model, messages, replace(ro, max_tokens=8)))
-                response.raise_for_status()
-                response.json()
-            return time.perf_counter() - t0
+                c = await via.chat(ro.rollout_id, messages, max_tokens=8, group_id=ro.group_id, logprobs=False)
+                return time.perf_counter() - t0, c.replica
+            response = await http.post(f"{via}/v1/chat/completions", headers={header or "": ro.rollout_id},
+                                       json=request_body(model, messages, replace(ro, max_tokens=8)))
+            response.raise_for_status()
+            response.json()
+            served = response.headers.get(REPLICA_HEADER)
+            return time.perf_counter() - t0, f"http://{served}" if served else ""
 
         differences = []
         for i, (ro, messages) in enumerate(requests):
+            _, replica = await routed(ro, messages)
+            replica = replica or direct[i % len(direct)]
             if i % 2:
-                a, b = await routed(ro, messages), await straight(i, ro, messages)
+                (through, _), alone = await routed(ro, messages), await straight(replica, ro, messages)
             else:
-                b, a = await straight(i, ro, messages), await routed(ro, messages)
-            differences.append(a - b)
+                alone, (through, _) = await straight(replica, ro, messages), await routed(ro, messages)
+            differences.append(through - alone)
     return 1000 * statistics.median(differences)
 
 
@@ -381,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.5, help="real seconds per simulated second")
     parser.add_argument("--only", nargs="*", default=[], help="run only the rows whose label or cap contains a text")
     parser.add_argument("--no-latency", action="store_true", help="skip the added-latency measurement")
+    parser.add_argument("--latency-only", action="store_true", help="only the added-latency measurement")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here (default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a tiny workload on 2 replicas: a smoke run")
@@ -444,7 +451,7 @@ def _run(setup: Setup, chosen: Sequence[Row], logs: Path, found: dict[str, str],
           f"{setup.workload.group_size} rollouts, seed {setup.workload.seed}; fixed cap {fixed_limit(setup, twins)}, "
           f"pipeline cap {pipeline_cap(setup)}; ideal bound {vt.ideal_makespan(twins, config):.1f} s (simulated)")
     twin_results: dict[str, ClusterResult] = {}
-    if not setup.live:
+    if not setup.live and not args.latency_only:
         twin_results = {"ours": run_twin(PoolSpec(), setup, twins),
                         "clairvoyant": run_twin(PoolSpec(oracle=True), setup, twins)}
     for name, r in twin_results.items():
@@ -456,7 +463,7 @@ def _run(setup: Setup, chosen: Sequence[Row], logs: Path, found: dict[str, str],
         latencies = measure_latencies(specs, setup, chats, replies, logs)
         print("added latency per request, p50 ms: " + ", ".join(f"{k} {v:.2f}" for k, v in latencies.items()))
     outcomes = []
-    for row in chosen:
+    for row in [] if args.latency_only else chosen:
         started = time.perf_counter()
         result, limit = run_row(row, setup, chats, twins, replies, logs)
         latency = latencies.get("ours" if row.pool is not None else row.router.label if row.router else "")
