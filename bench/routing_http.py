@@ -35,12 +35,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -364,6 +365,59 @@ def fidelity(outcomes: Sequence[Outcome], twins: dict[str, ClusterResult]) -> li
     return out
 
 
+def report(files: Sequence[Path]) -> str:
+    """Means over several runs' ``--json`` files: one line per (row, cap), each row's makespan judged
+    against the clairvoyant order of its own run; added latencies from the last file that measured them."""
+    runs = [json.loads(path.read_text()) for path in files]
+    latency: dict[str, float] = {}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        latency.update(run.get("latency_ms") or {})
+        rows_ = run["rows"]
+        reference = next((r["makespan_s"] for r in rows_ if r["label"].startswith("clairvoyant")), None)
+        reference = reference or run.get("virtual", {}).get("clairvoyant", {}).get("makespan_s")
+        for r in rows_:
+            groups.setdefault((r["label"], r["cap"]), []).append({**r, "reference": reference,
+                                                                   "seed": run["setup"]["workload"]["seed"]})
+    head = (f"{'row':<44}{'cap':<10}{'runs':>5}{'seeds':>7}{'makespan s':>11}{'x clairv':>9}{'out tok/s':>10}"
+            f"{'% preempt':>10}{'prefix hit':>11}{'stay':>6}{'+lat ms':>8}{'lag/mksp':>9}")
+    lines = [head, "-" * len(head)]
+    means = {}
+    for (label, cap), group in groups.items():
+        def mean(f: Callable[[dict], float], g: list[dict] = group) -> float:
+            return statistics.fmean(f(r) for r in g)
+
+        means[label, cap] = mean(lambda r: r["makespan_s"])
+        lat = latency.get("ours" if cap == "adaptive" else label)
+        lines.append(
+            f"{label:<44}{cap:<10}{len(group):>5}{','.join(sorted({str(r['seed']) for r in group})):>7}"
+            f"{means[label, cap]:>11.1f}{mean(lambda r: r['makespan_s'] / r['reference']):>9.2f}"
+            f"{mean(lambda r: r['output_tokens'] / r['makespan_s']):>10.0f}"
+            f"{mean(lambda r: 100 * r['replicas']['preemptions'] / r['requests']):>10.2f}"
+            f"{mean(lambda r: r['replicas']['prefix_hits'] / r['replicas']['prefix_queries']):>11.3f}"
+            f"{mean(lambda r: r['stayed_turns'] / r['followup_turns'] if r['followup_turns'] else math.nan):>6.2f}"
+            f"{'' if lat is None else f'{lat:.2f}':>8}"
+            f"{mean(lambda r: r['replicas']['max_lag_s'] / r['makespan_s']):>9.3f}"
+        )
+    ours = groups.get((rows([])[0].label, "adaptive"))
+    if ours:
+        ours_mean = means[rows([])[0].label, "adaptive"]
+        routers = {k: v for k, v in means.items() if k[1] != "adaptive"}
+        default = [v for (label, _), v in routers.items() if label == DEFAULT_ROUTER.label]
+        if default:
+            lines.append(_verdict(f"ours >= 1.10x faster than {DEFAULT_ROUTER.label} as deployed (its better cap)",
+                                  min(default) / ours_mean >= 1.10, f"{min(default) / ours_mean:.2f}x"))
+        if routers:
+            (label, cap), best = min(routers.items(), key=lambda kv: kv[1])
+            lines.append(_verdict("ours faster than every router policy and cap", best > ours_mean,
+                                  f"{best / ours_mean:.2f}x; the fastest router row is {label} {cap}, {best:.1f} s"))
+        ratio = statistics.fmean(r["makespan_s"] / r["reference"] for r in ours)
+        lines.append(_verdict("ours within 1.10x of the clairvoyant-order makespan", ratio <= 1.10, f"{ratio:.2f}x"))
+        rate = statistics.fmean(r["replicas"]["preemptions"] / r["requests"] for r in ours)
+        lines.append(_verdict("ours: preemptions <= 1% of requests", rate <= 0.01, f"{100 * rate:.2f}%"))
+    return "\n".join(lines)
+
+
 def _verdict(what: str, met: bool, figure: str) -> str:
     return f"[{'met' if met else 'NOT met'}] {what}: {figure}"
 
@@ -392,8 +446,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here (default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a tiny workload on 2 replicas: a smoke run")
     parser.add_argument("--replica-url", action="append", default=[], help="a live vLLM replica (repeat per replica)")
+    parser.add_argument("--report", nargs="+", type=Path, metavar="JSON", help="print the means of earlier runs")
     parser.add_argument("--model", default=MODEL, help="the live replicas' model name")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
     wl = WorkloadConfig(steps=args.steps, batch_size=args.batch, group_size=args.group, seed=args.seed)
     if args.quick:
         setup = replace(quick_setup(), workload=replace(quick_setup().workload, seed=args.seed))
