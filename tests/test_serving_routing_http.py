@@ -96,3 +96,31 @@ def test_server_processes_die_with_a_killed_benchmark(tmp_path: Path) -> None:
         if holder.poll() is None:
             holder.kill()
         holder.stdout.close()
+
+
+def _row(label: str, cap: str, makespan: float, preemptions: float = 0.0) -> dict:
+    return {"label": label, "cap": cap, "limit": "38", "added_latency_ms": None, "makespan_s": makespan,
+            "requests": 1000, "output_tokens": 100_000, "followup_turns": 900, "stayed_turns": 900,
+            "replicas": {"preemptions": preemptions, "prefix_queries": 10.0, "prefix_hits": 9.0, "max_lag_s": 0.1}}
+
+
+def test_the_report_judges_the_means_of_several_runs(tmp_path: Path) -> None:
+    ours, reference = bench.rows([])[0].label, bench.rows([])[2].label
+    cache_aware, sticky = "vllm-router cache_aware", "vllm-router sticky_least_loaded"
+    runs = [
+        [_row(ours, "adaptive", 400, 2), _row(reference, "adaptive", 380), _row(cache_aware, "fixed", 480),
+         _row(sticky, "fixed", 390)],
+        [_row(ours, "adaptive", 500, 4), _row(reference, "adaptive", 450), _row(cache_aware, "fixed", 520),
+         _row(sticky, "fixed", 530)],
+    ]
+    files = []
+    for seed, rows in enumerate(runs):
+        files.append(tmp_path / f"run{seed}.json")
+        files[-1].write_text(json.dumps({"setup": {"workload": {"seed": seed}}, "latency_ms": {"ours": 0.1},
+                                         "rows": rows}))
+    out = bench.report(files)
+    assert f"{ours:<44}adaptive      2    0,1      450.0     1.08" in out  # (400/380 + 500/450) / 2
+    assert "[met] ours >= 1.10x faster than vllm-router cache_aware as deployed (its better cap): 1.11x" in out
+    assert "[met] ours faster than every router policy and cap: 1.02x" in out  # sticky: (390 + 530) / 2 = 460
+    assert "[met] ours within 1.10x of the clairvoyant-order makespan: 1.08x" in out
+    assert "[met] ours: preemptions <= 1% of requests: 0.30%" in out
