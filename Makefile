@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check fresh-check bench clean
+.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check fresh-check bench bench-http clean
 
 all: demo
 
@@ -70,6 +70,10 @@ bench: base-image
 	$(PY) bench/sandbox.py
 	$(PY) bench/routing.py
 	$(PY) bench/fleet.py
+
+# Real routers over real HTTP in front of simulated replicas: about two hours at the default time scale.
+bench-http: venv
+	$(PY) bench/routing_http.py --json routing-http.json
 
 clean:
 	-$(CLI) gc

@@ -21,11 +21,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import routing as bench
+from routing_lab.cluster import Cluster, ClusterConfig
+from routing_lab.oracle import OracleAdmission
+from routing_lab.workload import RolloutPlan, WorkloadConfig, make_workload
 
 from terminus_env.serving.admission import AdaptiveAdmission, Admission
 from terminus_env.serving.router import POLICIES
-from terminus_env.serving.sim.cluster import Cluster, ClusterConfig
-from terminus_env.serving.sim.workload import RolloutPlan, WorkloadConfig, make_workload
+from terminus_env.serving.scheduler import Scheduler
 
 CAPS = (*bench.CAPS, bench.OVERCOMMIT, bench.WHOLE)  # adaptive-move is the ``:move`` flag here
 
@@ -60,18 +62,6 @@ class Outcome:
     trace: tuple[str, ...]
 
 
-class OracleAdmission(AdaptiveAdmission):
-    """Adaptive admission that admits the waiter with the longest true critical path first (clairvoyant)."""
-
-    def __init__(self, like: AdaptiveAdmission, critical_paths: dict[str, float]) -> None:
-        super().__init__(like.pipeline_cap, like.prior_trace_tokens, horizon_turns=like.horizon_turns,
-                         max_target_scale=like.max_target_scale)
-        self.critical_paths = critical_paths
-
-    def pick(self, waiting: Sequence[tuple[str, str | None]]) -> int:
-        return max(range(len(waiting)), key=lambda i: self.critical_paths[waiting[i][0]])
-
-
 def _admission(config: Config, setup: bench.Setup, batches: Sequence[Sequence[RolloutPlan]]) -> Admission:
     admission = bench.admission_for(config.cap, setup, batches)
     if not config.oracle:
@@ -93,7 +83,7 @@ def run(config: Config, k: int, seed: int, replicas: int, trace: bool) -> Outcom
         route, release = router.route, router.release
         router.route = lambda s, g=None: (started.setdefault(s, cluster.clock()), route(s, g))[1]  # type: ignore[method-assign]
         router.release = lambda s: (ended.setdefault(s, cluster.clock()), release(s))[1]  # type: ignore[method-assign]
-    result = cluster.run(batches, router, _admission(config, setup, batches))
+    result = cluster.run(batches, Scheduler(router, _admission(config, setup, batches)))
     lines = []
     for s, batch in enumerate(batches if trace else ()):
         paths = {p.rollout_id: bench.critical_path(p, setup.cluster.engine) for p in batch}

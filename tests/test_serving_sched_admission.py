@@ -1,8 +1,7 @@
-"""Fixed and adaptive admission: the counting, the waiting, and how the adaptive limit moves."""
+"""Fixed and adaptive admission: the counting, the order waiters are picked in, and how the adaptive limit moves."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -53,45 +52,6 @@ def test_fixed_from_capacity_uses_the_concurrency_rule() -> None:
     assert FixedAdmission.from_capacity(16, per_rank=10, dp=4).limit == 16
     with pytest.raises(ValueError):
         FixedAdmission(0)
-
-
-def test_acquire_waits_in_fifo_order_and_release_wakes_the_first() -> None:
-    async def main() -> list[str]:
-        adm = FixedAdmission(1)
-        order: list[str] = []
-        await adm.acquire("first")
-
-        async def worker(name: str) -> None:
-            await adm.acquire(name)
-            order.append(name)
-
-        tasks = [asyncio.create_task(worker(n)) for n in ("w1", "w2", "w3")]
-        await asyncio.sleep(0)
-        assert order == [] and adm.in_flight == 1
-        for done in ("first", "w1", "w2"):
-            adm.release(done, 10)
-            await asyncio.sleep(0)
-        await asyncio.gather(*tasks)
-        return order
-
-    assert asyncio.run(main()) == ["w1", "w2", "w3"]
-
-
-def test_a_cancelled_waiter_gives_up_its_place_without_leaking_a_slot() -> None:
-    async def main() -> FixedAdmission:
-        adm = FixedAdmission(1)
-        await adm.acquire("holder")
-        waiter = asyncio.create_task(adm.acquire("gives-up"))
-        await asyncio.sleep(0)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
-        adm.release("holder", 10)
-        await adm.acquire("next")
-        return adm
-
-    adm = asyncio.run(main())
-    assert adm.in_flight == 1
 
 
 def test_adaptive_starts_from_the_prior_and_never_exceeds_the_pipeline_cap() -> None:
@@ -273,34 +233,6 @@ def test_longest_first_picks_the_group_predicted_longest_and_reveals_unknown_gro
     del waiting[1]
     assert waiting[adm.pick(waiting)] == ("d/0", "d")  # c has a sibling running: d reveals its length first
     assert adaptive(longest_first=False).pick(waiting) == 0  # plain FIFO
-
-
-def test_waiters_are_woken_in_the_order_pick_chooses() -> None:
-    async def main() -> list[str]:
-        adm = AdaptiveAdmission(64, 4_000, kv_capacity_tokens=10_000, target_usage=0.8)  # limit 2
-        assert adm.limit == 2
-        adm.try_acquire("z/0", "z")
-        adm.try_acquire("a/0", "a")
-        adm.on_turn("a/0", 9_000)
-        adm.release("z/0", 1_000)
-        adm.try_acquire("y/0", "y")
-        admitted: list[str] = []
-
-        async def wait(session: str, group: str) -> None:
-            await adm.acquire(session, group)
-            admitted.append(session)
-
-        tasks = [asyncio.create_task(wait("b/0", "b")), asyncio.create_task(wait("a/1", "a"))]
-        await asyncio.sleep(0)
-        assert admitted == []
-        adm.release("y/0", 0)
-        await asyncio.sleep(0)
-        assert admitted == ["a/1"]  # its sibling is long; b is unknown (predicted 1000, the mean final)
-        adm.release("a/0", 9_000)
-        await asyncio.gather(*tasks)
-        return admitted
-
-    assert asyncio.run(main()) == ["a/1", "b/0"]
 
 
 def test_turn_statistics_follow_the_recent_window() -> None:

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+import routing as bench
+from routing_lab.workload import make_workload
 
 from terminus_env.serving.router import POLICIES
-from terminus_env.serving.sim.workload import make_workload
-
-
-def load_bench() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "routing.py"
-    spec = importlib.util.spec_from_file_location("bench_routing", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
 
 
 @pytest.fixture(scope="module")

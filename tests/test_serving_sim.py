@@ -230,3 +230,51 @@ def test_a_streamed_chat_is_the_same_completion_as_server_sent_events():
     assert content == plain["choices"][0]["message"]["content"] == DEFAULT_REPLY
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finish == ["stop"] and chunks[-1]["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+
+
+def test_each_reply_names_the_server_and_metrics_say_how_far_the_engine_ran_behind():
+    slow_cpu = ServerConfig(model="m", time_scale=1e-6)  # a step's deadline passes before the step is done
+
+    async def main():
+        async with SimServer(FAST) as fast, SimServer(slow_cpu) as behind, httpx.AsyncClient(timeout=10) as http:
+            out = []
+            for server in (fast, behind):
+                body = {"model": "m", "messages": [{"role": "user", "content": "w " * 2000}], "max_tokens": 50}
+                response = await http.post(f"{server.url}/v1/chat/completions", json=body)
+                lag = [line for line in (await http.get(f"{server.url}/metrics")).text.splitlines()
+                       if line.startswith("terminus_sim:max_lag_seconds{")]
+                out.append((response.headers["x-sim-replica"], server.port, float(lag[0].rsplit(" ", 1)[1])))
+            return out
+
+    (fast_name, fast_port, fast_lag), (behind_name, behind_port, behind_lag) = run(main())
+    assert fast_name == f"127.0.0.1:{fast_port}" and behind_name == f"127.0.0.1:{behind_port}"
+    assert fast_lag == 0.0  # time scale 0 has no wall clock to keep
+    assert behind_lag > 0.4  # 50+ steps of >= 8 simulated ms each, every one overdue
+
+
+def test_every_engine_setting_is_a_flag(tmp_path):
+    from serving_support import SimProcesses
+
+    procs = SimProcesses(tmp_path)
+    try:
+        _, url = procs.start("--model", "m", "--time-scale", "0", "--step-base-s", "0.5", "--max-num-batched-tokens",
+                             "64", "--no-enable-prefix-caching", "--num-gpu-blocks", "100", "--max-model-len", "1024")
+        body = {"model": "m", "messages": [{"role": "user", "content": "w " * 300}], "max_tokens": 1}
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    finally:
+        procs.close()
+    # 300+ prompt tokens in chunks of 64 is 5 steps of at least 0.5 simulated seconds each
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="2.5",model_name="m"} 0.0' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="5.0",model_name="m"} 1.0' in text
+    assert 'enable_prefix_caching="False"' in text and 'num_gpu_blocks="100"' in text
+
+
+def test_ignore_eos_generates_max_tokens_as_vllm_does():
+    async def main():
+        async with SimServer(FAST) as server, ReplicaClient(server.url) as client:
+            return await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=500, ignore_eos=True)
+
+    c = run(main())
+    assert (c.finish_reason, c.completion_tokens, len(c.token_ids), len(c.logprobs)) == ("length", 500, 500, 500)
+    assert c.text == DEFAULT_REPLY and c.token_ids[len(c.text.split())] == IM_END  # the reply, its end, then more

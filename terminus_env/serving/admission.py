@@ -4,13 +4,13 @@ Admission is where KV safety has to come from: once a rollout runs, its trace ke
 engine can only shed it by preempting (recomputing) someone, so the controller budgets *predicted
 final* trace lengths before it lets a rollout start, and never cancels one in flight.
 
-Each class has a synchronous core (``try_acquire`` / ``release`` / ``on_turn`` / ``observe``) that a
-virtual-time driver calls directly, and an async ``acquire`` that waits its turn in FIFO order.
+The controllers are synchronous and never wait: ``try_acquire`` admits or refuses, ``pick`` says
+which waiter goes next, and :class:`~terminus_env.serving.scheduler.Scheduler` keeps the queue, for
+the serving pool and the benchmark alike.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import math
 from collections import deque
@@ -28,7 +28,6 @@ class Admission:
 
     def __init__(self) -> None:
         self._admitted: set[str] = set()
-        self._waiters: deque[tuple[str, str | None, asyncio.Future[None]]] = deque()
 
     @property
     def limit(self) -> int:
@@ -48,29 +47,12 @@ class Admission:
         self._on_admit(session_id, group_id)
         return True
 
-    async def acquire(self, session_id: str, group_id: str | None = None) -> None:
-        """Wait until admitted; earlier callers go first."""
-        if not self._waiters and self.try_acquire(session_id, group_id):
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (session_id, group_id, future)
-        self._waiters.append(entry)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self.release(session_id, 0)  # admitted just as the caller gave up
-            elif entry in self._waiters:
-                self._waiters.remove(entry)
-            raise
-
     def release(self, session_id: str, final_trace_tokens: int) -> None:
         """The rollout ended with a trace of ``final_trace_tokens`` (0 if unknown); frees its slot."""
         if session_id not in self._admitted:
             return
         self._admitted.discard(session_id)
         self._on_release(session_id, final_trace_tokens)
-        self._wake()
 
     def on_turn(self, session_id: str, trace_tokens: int) -> None:
         """The session's live trace after a turn (prompt + completion tokens)."""
@@ -83,7 +65,7 @@ class Admission:
         """The latest scrape of every replica."""
 
     def pick(self, waiting: Sequence[tuple[str, str | None]]) -> int:
-        """Which of the waiting ``(session_id, group_id)``, in arrival order, to admit next: the first."""
+        """Which of the waiting ``(session_id, group_id)``, in arrival order, to admit next: the first (FIFO)."""
         return 0
 
     def _on_admit(self, session_id: str, group_id: str | None) -> None:
@@ -91,19 +73,6 @@ class Admission:
 
     def _on_release(self, session_id: str, final_trace_tokens: int) -> None:
         pass
-
-    def _wake(self) -> None:
-        while True:
-            while self._waiters and self._waiters[0][2].done():  # cancelled while queued
-                self._waiters.popleft()
-            if not self._waiters or self.in_flight >= self.limit:
-                return
-            live = [w for w in self._waiters if not w[2].done()]
-            entry = live[self.pick([(session_id, group_id) for session_id, group_id, _ in live])]
-            if not self.try_acquire(entry[0], entry[1]):
-                return
-            self._waiters.remove(entry)
-            entry[2].set_result(None)
 
 
 class FixedAdmission(Admission):
@@ -293,7 +262,6 @@ class AdaptiveAdmission(Admission):
             self._limit, self._calibrated = self.desired_limit(), True  # the first real figure: take it
         else:
             self._update_limit(self.desired_limit(), urgent=any(preempted))
-        self._wake()
 
     def _adjust_scale(self, name: str, m: EngineMetrics, binding: bool) -> bool:
         """Back a replica's budget off at once when its preemption counter rose; else let it creep back

@@ -5,6 +5,8 @@ least-loaded replica (the :class:`Router`'s policy), caps live sessions through 
 admission controller, and survives replicas dying: a request that fails for want of a replica is
 retried on another, the dead one is probed on ``/health`` and takes new sessions when it is back.
 A background task scrapes every replica's ``/metrics`` to keep the router and admission current.
+Every routing and admission decision goes through a :class:`Scheduler`, the same one the routing
+benchmark drives in virtual time.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from terminus_env.serving.client import (
     message_text,
 )
 from terminus_env.serving.metrics import EngineMetrics, combine
+from terminus_env.serving.policies import Policy
 from terminus_env.serving.router import NoReplicaAvailable, Router
+from terminus_env.serving.scheduler import Scheduler
 
 __all__ = ["Completion", "ContextLengthExceeded", "ReplicaUnavailable", "ServingError", "ServingPool"]
 
@@ -55,7 +59,7 @@ class ServingPool:
         base_urls: Sequence[str],
         model: str,
         *,
-        policy: str = "available_kv",
+        policy: str | Policy = "available_kv",
         admission: Admission | None = None,
         group_affinity: bool = False,
         rebalance: bool = False,
@@ -69,7 +73,6 @@ class ServingPool:
         if scrape_interval_s <= 0:
             raise ValueError(f"scrape_interval_s must be positive, got {scrape_interval_s}")
         self.model = model
-        self.admission = admission
         self.scrape_interval_s = scrape_interval_s
         self.failover_timeout_s = failover_timeout_s
         self._clients = {}
@@ -78,18 +81,27 @@ class ServingPool:
             if client.base_url in self._clients:
                 raise ValueError(f"replica {client.base_url} is listed twice")
             self._clients[client.base_url] = client
-        self.router = Router(
+        router = Router(
             list(self._clients),
             policy,
             group_affinity=group_affinity,
             rebalance=rebalance,
             metrics_max_age_s=max(5.0, 3 * scrape_interval_s),
         )
+        self.scheduler = Scheduler(router, admission)
         self._down: set[str] = set()
         self._metrics: dict[str, EngineMetrics] = {}
         self._sessions: dict[str, _SessionState] = {}
         self._scraper: asyncio.Task | None = None
         self.failovers = 0  # requests retried on another replica
+
+    @property
+    def router(self) -> Router:
+        return self.scheduler.router
+
+    @property
+    def admission(self) -> Admission | None:
+        return self.scheduler.admission
 
     @property
     def replicas(self) -> list[str]:
@@ -130,16 +142,29 @@ class ServingPool:
 
     @contextlib.asynccontextmanager
     async def session(self, session_id: str, group_id: str | None = None) -> AsyncIterator[None]:
-        """One rollout's life: admission acquired on entry; admission and router released on exit."""
-        if self.admission is not None:
-            await self.admission.acquire(session_id, group_id)
+        """One rollout's life: admitted on entry (waiting its turn), its slot and routing state freed on exit."""
+        await self._admitted(session_id, group_id)
         try:
             yield
         finally:
             state = self._sessions.pop(session_id, _SessionState())
-            if self.admission is not None:
-                self.admission.release(session_id, state.trace_tokens)
-            self.router.release(session_id)
+            self.scheduler.end(session_id, state.trace_tokens)
+
+    async def _admitted(self, session_id: str, group_id: str | None) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_admitted() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        if self.scheduler.submit(session_id, group_id, on_admitted):
+            return
+        try:
+            await future
+        except asyncio.CancelledError:
+            if not self.scheduler.withdraw(session_id):
+                self.scheduler.end(session_id, 0)  # admitted just as the caller gave up
+            raise
 
     async def chat(
         self, session_id: str, messages: list[dict], *, max_tokens: int, group_id: str | None = None, **sampling: Any
@@ -156,26 +181,22 @@ class ServingPool:
         last_error: Exception | None = None
         while True:
             replica = await self._route(session_id, group_id, deadline, last_error)
-            if self.admission is not None:
-                self.admission.on_placed(session_id, replica)
-            self.router.on_dispatch(replica, session_id, estimate)
+            self.scheduler.dispatched(replica, session_id, estimate)
             try:
                 completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)
             except ReplicaUnavailable as exc:
-                self.router.on_complete(replica, session_id, estimate, 0)
+                self.scheduler.failed(replica, session_id, estimate)
                 self._mark_down(replica, exc)
                 self.failovers += 1
                 last_error = exc
                 continue
             except BaseException:
-                self.router.on_complete(replica, session_id, estimate, 0)
+                self.scheduler.failed(replica, session_id, estimate)
                 raise
             break
-        self.router.on_complete(replica, session_id, completion.prompt_tokens, completion.completion_tokens)
+        self.scheduler.completed(replica, session_id, completion.prompt_tokens, completion.completion_tokens)
         state.trace_tokens = completion.prompt_tokens + completion.completion_tokens
         state.messages_seen = len(messages)
-        if self.admission is not None:
-            self.admission.on_turn(session_id, state.trace_tokens)
         return completion
 
     async def _route(self, session_id: str, group_id: str | None, deadline: float, last_error: Exception | None) -> str:
@@ -183,7 +204,7 @@ class ServingPool:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                return self.router.route(session_id, group_id)
+                return self.scheduler.place(session_id, group_id)
             except NoReplicaAvailable:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -205,8 +226,7 @@ class ServingPool:
 
     async def _scrape_all(self) -> None:
         await asyncio.gather(*(self._scrape(name) for name in self._clients))
-        if self.admission is not None:
-            self.admission.observe(self.latest_metrics())
+        self.scheduler.observe(self.latest_metrics())
 
     async def _scrape(self, name: str) -> None:
         client = self._clients[name]
@@ -215,7 +235,7 @@ class ServingPool:
                 return
             log.info("replica %s answers /health again; it takes new sessions", name)
             self._down.discard(name)
-            self.router.mark_up(name)
+            self.scheduler.mark_up(name)
         try:
             engines = await client.metrics()
         except ReplicaUnavailable as exc:
@@ -225,13 +245,13 @@ class ServingPool:
             log.warning("replica %s: %s", name, exc)
             return
         self._metrics[name] = combine(engines.values(), engine=name)
-        self.router.update_metrics(name, self._metrics[name])
+        self.scheduler.scraped(name, self._metrics[name])
 
     def _mark_down(self, name: str, error: Exception) -> None:
         if name not in self._down:
             log.warning("replica %s is down (%s); its sessions move to other replicas", name, error)
             self._down.add(name)
-            self.router.mark_down(name)
+            self.scheduler.mark_down(name)
 
 
 def _new_chars(messages: list[dict], seen: int) -> int:

@@ -1,54 +1,33 @@
-"""Which replica serves a rollout: sticky sessions, least-loaded placement of new ones.
+"""Which replica serves a rollout: sticky sessions, and a placement policy for new ones.
 
 A rollout's turns share a growing prefix, so after its first request it stays on one replica (its
-KV and prefix cache live there). Only the placement of a *new* session is a choice, and the policies
-differ in what "least loaded" means. With ``capacity = num_gpu_blocks × block_size`` tokens (from
-``vllm:cache_config_info``) and ``kv_cache_usage = 1 - free/(num_gpu_blocks - 1)`` where vLLM's *free*
-already includes evictable cached blocks, a replica's load (lower wins) is:
-
-- ``requests``: in-flight requests + live sessions between turns, from the router's own counts. An
-  agent session has one request at a time, so this is the number of live sticky sessions.
-- ``active_kv``: live KV footprint / capacity = ``(kv_cache_usage × capacity + prompt tokens
-  dispatched since the last scrape) / capacity``. It counts only blocks pinned by running requests.
-- ``available_kv`` (the default): ``1 - (available - reserved) / capacity`` where ``available = (free +
-  evictable cached blocks) × block_size = (1 - kv_cache_usage) × capacity`` and ``reserved`` is what
-  the router expects its sessions on that replica to claim soon: the traces of sessions waiting on a
-  tool (their KV is evictable now but they will pin it again), one expected turn of growth per live
-  session, and prompts dispatched since the last scrape. Note that ``1 - evictable_ratio`` is not the
-  active utilisation when free blocks are counted apart; here free and evictable both count as
-  available, and the sessions' own claims on the evictable part are subtracted explicitly.
-
-Baselines: ``round_robin`` (sticky), ``least_requests`` (sticky, in-flight requests acquired on
-dispatch and released on completion, as verl does), ``vllm_internal`` (``waiting × 4 + running``,
-not sticky) and ``consistent_hash`` (rendezvous hash of the session id; sticky by construction).
-
-The expected growth per turn is a running average of how much a session's trace grew between its
-turns (``turn_growth_prior_tokens`` until the first is seen). With ``group_affinity``, a new session
-whose GRPO siblings are live goes where most of them are, while that replica's load is within
-``group_slack`` of the best (a fraction of capacity for the KV policies; ``max(1, slack × best)``
-sessions for the count policies): siblings share a prompt prefix, but often also a task's length.
-
-Metrics older than ``metrics_max_age_s`` make a replica count as saturated for the metric policies:
-it gets new sessions only when every replica is stale, and then the router's own counts decide.
-Ties are broken by a rendezvous hash of the session id, so placement is deterministic.
+KV and prefix cache live there). Only the placement of a *new* session is a choice; the rules are
+:mod:`terminus_env.serving.policies` objects (``available_kv`` by default). The router keeps the
+counts they read: sessions, requests in flight, the traces of sessions waiting on a tool, prompts
+dispatched since the last scrape, and a running mean of trace growth per turn
+(``turn_growth_prior_tokens`` until the first is seen). With ``rebalance``, a session may also move
+between turns off a saturated replica (see ``Router._rebalanced``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from terminus_env.serving.metrics import EngineMetrics
-
-POLICIES = (
-    "requests", "active_kv", "available_kv", "round_robin", "least_requests", "vllm_internal", "consistent_hash",
+from terminus_env.serving.policies import (
+    POLICIES,
+    SATURATED,
+    Placement,
+    Policy,
+    ReplicaState,
+    available_kv_loads,
+    make_policy,
 )
-_METRIC_POLICIES = frozenset({"active_kv", "available_kv", "vllm_internal"})
-_KV_POLICIES = frozenset({"active_kv", "available_kv"})
-_SATURATED = math.inf
+
+__all__ = ["POLICIES", "NoReplicaAvailable", "Router", "UnknownReplica"]
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -60,25 +39,8 @@ class UnknownReplica(KeyError):
 
 
 @dataclass
-class _Replica:
-    name: str
-    index: int
-    up: bool = True
-    metrics: EngineMetrics | None = None
-    capacity: int = 0  # KV tokens from the last scrape; 0 when the server does not say
-    scraped_at: float = -math.inf
-    epoch: int = 0  # bumped by each scrape: dispatches from an older epoch are already in the metrics
-    sessions: int = 0
-    inflight: int = 0
-    idle_sessions: int = 0
-    idle_trace_tokens: int = 0
-    unscraped_requests: int = 0
-    unscraped_tokens: int = 0
-
-
-@dataclass
 class _Session:
-    replica: str | None  # None until placed, and always for the non-sticky policy
+    replica: str | None  # None until placed, and always under a policy that is not sticky
     group: str | None
     key: int  # rendezvous-hash seed from the session id
     trace_tokens: int = 0
@@ -88,12 +50,16 @@ class _Session:
 
 
 class Router:
-    """Sticky, least-loaded placement of sessions on replicas. Not thread-safe; one event loop owns it."""
+    """Sticky placement of sessions on replicas by a :class:`Policy`. Not thread-safe; one event loop owns it.
+
+    ``policy`` is a name from :data:`POLICIES` (``group_affinity`` and ``group_slack`` then configure
+    it) or a policy object of one's own.
+    """
 
     def __init__(
         self,
         replicas: Sequence[str],
-        policy: str = "available_kv",
+        policy: str | Policy = "available_kv",
         *,
         group_affinity: bool = False,
         metrics_max_age_s: float = 5.0,
@@ -105,37 +71,27 @@ class Router:
         rebalance_margin: float = 0.25,
         rebalance_after_turns: int = 3,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if not replicas:
             raise ValueError("a Router needs at least one replica")
         if len(set(replicas)) != len(replicas):
             raise ValueError(f"replica names must be unique, got {list(replicas)}")
+        if isinstance(policy, str):
+            policy = make_policy(policy, group_affinity=group_affinity, group_slack=group_slack)
+        if rebalance and not policy.sticky:
+            raise ValueError(f"rebalance moves sticky sessions; {policy.name} places every request afresh")
         self.policy = policy
-        self.group_affinity = group_affinity
         self.metrics_max_age_s = metrics_max_age_s
-        self.group_slack = group_slack
-        if rebalance and policy == "vllm_internal":
-            raise ValueError("rebalance moves sticky sessions; vllm_internal places every request afresh")
         self.rebalance = rebalance
         self.rebalance_load = rebalance_load
         self.rebalance_margin = rebalance_margin
         self.rebalance_after_turns = rebalance_after_turns
         self.migrations = 0
         self._clock = clock
-        self._replicas = {name: _Replica(name, i) for i, name in enumerate(replicas)}
+        self._replicas = {name: ReplicaState(name, i) for i, name in enumerate(replicas)}
         self._order = list(self._replicas.values())
         self._sessions: dict[str, _Session] = {}
         self._groups: dict[str, dict[str, int]] = {}  # group id -> replica -> live sessions there
         self._turn_growth = float(turn_growth_prior_tokens)
-        self._rr_next = 0
-        self._loads = {
-            "requests": self._loads_requests,
-            "least_requests": self._loads_inflight,
-            "active_kv": self._loads_active_kv,
-            "available_kv": self._loads_available_kv,
-            "vllm_internal": self._loads_vllm_internal,
-        }.get(policy)
 
     # -- placement -----------------------------------------------------------------------------------
 
@@ -154,12 +110,16 @@ class Router:
         up = [r for r in self._order if r.up]
         if not up:
             raise NoReplicaAvailable("every replica is marked down; wait for a health probe to mark one up")
-        chosen = self._place(session, up)
-        if self.policy != "vllm_internal":
+        siblings = self._groups.get(session.group, {}) if session.group is not None else {}
+        chosen = self.policy.choose(up, Placement(session.key, siblings, self._fresh_since(), self._turn_growth))
+        if self.policy.sticky:
             self._attach(session, chosen)
         return chosen.name
 
-    def _rebalanced(self, session: _Session, home: _Replica) -> _Replica | None:
+    def _fresh_since(self) -> float:
+        return self._clock() - self.metrics_max_age_s
+
+    def _rebalanced(self, session: _Session, home: ReplicaState) -> ReplicaState | None:
         """Move a session between turns off a replica whose sessions claim more KV than it has.
 
         Stickiness is worth a prefix cache; a saturated replica instead preempts and recomputes its
@@ -171,14 +131,14 @@ class Router:
         """
         if session.inflight or session.turns_here < self.rebalance_after_turns:
             return None
-        horizon = self._clock() - self.metrics_max_age_s
-        home_load = self._loads_available_kv([home], horizon)[0]
-        if home_load < self.rebalance_load or home_load == _SATURATED:
+        fresh_since = self._fresh_since()
+        home_load = available_kv_loads([home], fresh_since, self._turn_growth)[0]
+        if home_load < self.rebalance_load or home_load == SATURATED:
             return None  # the common case, in O(1)
         up = [r for r in self._order if r.up and r is not home]
-        loads = self._loads_available_kv(up, horizon)
+        loads = available_kv_loads(up, fresh_since, self._turn_growth)
         candidates = [(load + session.trace_tokens / r.capacity, r.index, r)
-                      for r, load in zip(up, loads) if load != _SATURATED and r.capacity]
+                      for r, load in zip(up, loads) if load != SATURATED and r.capacity]
         if not candidates:
             return None
         load, _, target = min(candidates)
@@ -190,69 +150,9 @@ class Router:
         self.migrations += 1
         return target
 
-    def _place(self, session: _Session, up: list[_Replica]) -> _Replica:
-        if self.policy == "round_robin":
-            chosen = up[self._rr_next % len(up)]
-            self._rr_next += 1
-            return chosen
-        if self.policy == "consistent_hash":
-            return max(up, key=lambda r: _mix(session.key, r.index))
-        horizon = self._clock() - self.metrics_max_age_s  # older scrapes are stale
-        loads = self._loads(up, horizon)  # type: ignore[misc]
-        best = min(loads)
-        if best == _SATURATED:
-            loads = self._loads_requests(up, horizon)
-            best = min(loads)
-        if self.group_affinity and session.group is not None:
-            sibling = self._sibling_replica(session.group, up, loads, best)
-            if sibling is not None:
-                return sibling
-        tied = [r for r, load in zip(up, loads) if load <= best + 1e-12]
-        return tied[0] if len(tied) == 1 else max(tied, key=lambda r: _mix(session.key, r.index))
-
-    def _sibling_replica(self, group: str, up: list[_Replica], loads: list[float], best: float) -> _Replica | None:
-        """The replica holding most of this group's live sessions, if it is within slack of the best."""
-        placed = self._groups.get(group)
-        if not placed:
-            return None
-        slack = self.group_slack if self.policy in _KV_POLICIES else max(1.0, self.group_slack * best)
-        candidates = [
-            (placed[r.name], -load, r)
-            for r, load in zip(up, loads)
-            if r.name in placed and load != _SATURATED and load <= best + slack
-        ]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda c: (c[0], c[1]))[2]
-
-    # -- loads (lower is better) ---------------------------------------------------------------------
-
-    # Each returns one load per replica; ``horizon`` is the oldest scrape time still fresh.
-
-    def _loads_requests(self, up: list[_Replica], horizon: float) -> list[float]:
-        return [float(r.inflight + r.idle_sessions) for r in up]
-
-    def _loads_inflight(self, up: list[_Replica], horizon: float) -> list[float]:
-        return [float(r.inflight) for r in up]
-
-    def _loads_active_kv(self, up: list[_Replica], horizon: float) -> list[float]:
-        return [_kv_load(r, horizon, r.unscraped_tokens) for r in up]
-
-    def _loads_available_kv(self, up: list[_Replica], horizon: float) -> list[float]:
-        """``1 - (available - reserved) / capacity``: the same order as the module docstring's score."""
-        growth = self._turn_growth
-        return [_kv_load(r, horizon, r.idle_trace_tokens + growth * r.sessions + r.unscraped_tokens) for r in up]
-
-    def _loads_vllm_internal(self, up: list[_Replica], horizon: float) -> list[float]:
-        return [
-            _SATURATED if r.metrics is None or r.scraped_at < horizon
-            else (r.metrics.num_requests_waiting + r.unscraped_requests) * 4 + r.metrics.num_requests_running
-            for r in up
-        ]
-
     # -- bookkeeping ---------------------------------------------------------------------------------
 
-    def _attach(self, session: _Session, r: _Replica) -> None:
+    def _attach(self, session: _Session, r: ReplicaState) -> None:
         session.replica = r.name
         r.sessions += 1
         if session.inflight == 0:
@@ -279,7 +179,7 @@ class Router:
                     del self._groups[session.group]
         session.replica = None
 
-    def _replica(self, name: str) -> _Replica:
+    def _replica(self, name: str) -> ReplicaState:
         try:
             return self._replicas[name]
         except KeyError:
@@ -357,19 +257,3 @@ class Router:
 
     def sessions_on(self, replica: str) -> int:
         return self._replica(replica).sessions
-
-
-def _kv_load(r: _Replica, horizon: float, extra_tokens: float) -> float:
-    """``kv_cache_usage + extra_tokens / capacity`` from a fresh scrape; saturated without one."""
-    m = r.metrics
-    if m is None or r.scraped_at < horizon:
-        return _SATURATED
-    return m.kv_cache_usage + extra_tokens / r.capacity if r.capacity else m.kv_cache_usage
-
-
-def _mix(key: int, index: int) -> int:
-    """A deterministic 64-bit mix of a session key and a replica index (rendezvous hashing)."""
-    x = (key * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x ^= x >> 31
-    x = (x * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 29)

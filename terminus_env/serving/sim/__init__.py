@@ -1,1 +1,3 @@
-"""A simulated vLLM replica: the engine model (engine.py), its HTTP surface and a virtual-time cluster."""
+"""A simulated vLLM replica: the engine model (engine.py) and its HTTP surface (server.py).
+
+The routing benchmarks' virtual-time cluster and workload live in ``bench/routing_lab``."""

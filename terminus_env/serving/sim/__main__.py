@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 
@@ -20,10 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, required=True, help="0 picks a free port (printed on start)")
     serve.add_argument("--model", default="sim", help="the model name the server answers to")
     serve.add_argument("--engines", type=int, default=1, help="data-parallel engines behind this port")
-    serve.add_argument("--num-gpu-blocks", type=int, default=SimConfig.num_gpu_blocks)
-    serve.add_argument("--block-size", type=int, default=SimConfig.block_size)
-    serve.add_argument("--max-model-len", type=int, default=SimConfig.max_model_len)
-    serve.add_argument("--max-num-seqs", type=int, default=SimConfig.max_num_seqs)
+    engine = serve.add_argument_group("engine", "engine arguments and the step-time model (see SimConfig)")
+    for field in dataclasses.fields(SimConfig):  # one flag per setting, so a calibration can be replayed
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(field.default, bool):
+            engine.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            engine.add_argument(flag, dest=field.name, type=type(field.default), default=field.default)
     serve.add_argument(
         "--time-scale", type=float, default=1.0, help="real seconds per simulated second (0: as fast as possible)"
     )
@@ -58,12 +62,7 @@ async def _serve(config: ServerConfig, replies: ReplySource, host: str, port: in
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        engine = SimConfig(
-            num_gpu_blocks=args.num_gpu_blocks,
-            block_size=args.block_size,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-        )
+        engine = SimConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(SimConfig)})
         config = ServerConfig(model=args.model, engines=args.engines, engine=engine, time_scale=args.time_scale)
         replies = _reply_source(args)
     except (ValueError, OSError) as exc:

@@ -3,13 +3,15 @@
 Gauges and counters are read from each :class:`SimReplica` at scrape time (counters keep their
 ``_total``/``_created`` pair); latency histograms are observed as requests finish, in the
 simulation's seconds. ``vllm:cache_config_info`` carries ``engine`` but not ``model_name``, as in
-vLLM, with its values as strings.
+vLLM, with its values as strings. One series is the simulator's own: ``terminus_sim:max_lag_seconds``,
+how far each engine's clock has run behind the wall clock, so a benchmark can tell whether the CPU
+kept up.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -85,10 +87,13 @@ _COUNTERS = (
 
 
 class _EngineCollector(Collector):
-    def __init__(self, model: str, replicas: Sequence[SimReplica], created: float) -> None:
+    def __init__(
+        self, model: str, replicas: Sequence[SimReplica], created: float, lags: Callable[[], Mapping[str, float]]
+    ) -> None:
         self._model = model
         self._replicas = replicas
         self._created = created
+        self._lags = lags
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         snapshots = [replica.metrics() for replica in self._replicas]
@@ -113,15 +118,24 @@ class _EngineCollector(Collector):
                 [str(cfg.block_size), str(cfg.enable_prefix_caching), replica.engine, str(cfg.num_gpu_blocks)], 1.0
             )
         yield info
+        lag = GaugeMetricFamily(
+            "terminus_sim:max_lag_seconds", "Simulator only: the most the engine's clock ran behind the wall clock.",
+            labels=_LABELS,
+        )
+        for engine, seconds in self._lags().items():
+            lag.add_metric([self._model, engine], seconds)
+        yield lag
 
 
 class Exposition:
     """One server's ``/metrics``: a private registry, so several servers can live in one process."""
 
-    def __init__(self, model: str, replicas: Sequence[SimReplica]) -> None:
+    def __init__(
+        self, model: str, replicas: Sequence[SimReplica], lags: Callable[[], Mapping[str, float]] = dict
+    ) -> None:
         self._model = model
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EngineCollector(model, replicas, time.time()))
+        self.registry.register(_EngineCollector(model, replicas, time.time(), lags))
         self._ttft = self._histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
         )

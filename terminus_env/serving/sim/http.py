@@ -35,8 +35,8 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def json(cls, status: int, payload: object) -> Response:
-        return cls(status, json.dumps(payload).encode())
+    def json(cls, status: int, payload: object, headers: dict[str, str] | None = None) -> Response:
+        return cls(status, json.dumps(payload).encode(), headers=headers or {})
 
 
 class BadRequest(Exception):

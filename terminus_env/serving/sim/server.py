@@ -1,8 +1,14 @@
 """A simulated vLLM server: the same HTTP surface, its engines modelled by :class:`SimReplica` in real time.
 
-Each engine runs a loop: ``dt = step()``, sleep ``dt × time_scale``, hand finished requests back
-to their HTTP handlers. Replies come from a :class:`ReplySource` and are tokenized with the toy
-tokenizer (or a real tokenizer's chat template, through ``TemplateTokenizer``), so token counts,
+Each engine runs a loop: ``step()``, sleep until the wall clock reaches the engine's virtual clock
+(``epoch + now × time_scale``), hand finished requests back to their HTTP handlers. Sleeping to an
+absolute deadline keeps the virtual clock on the wall clock however long the loop's own work takes;
+an engine the CPU cannot keep up with runs behind, and ``terminus_sim:max_lag_seconds`` in
+``/metrics`` says by how much at worst (in simulated seconds). Each chat response names the server
+that answered in ``x-sim-replica: host:port``, so a benchmark can see where a router sent a turn.
+
+Replies come from a :class:`ReplySource` and are tokenized with the toy tokenizer (or a real
+tokenizer's chat template, through ``TemplateTokenizer``), so token counts,
 ``max_tokens`` cuts, context-length errors and prefix reuse behave as on a real server while the
 words come from a script or an oracle.
 """
@@ -24,6 +30,7 @@ from terminus_env.serving.sim.replies import ReplySource, default_reply
 from terminus_env.serving.sim.tokenizer import ChatTokenizer, ToyTokenizer
 
 DP_RANK_HEADER = "x-data-parallel-rank"
+REPLICA_HEADER = "x-sim-replica"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class _EngineDriver:
         self._wake = asyncio.Event()
         self._epoch = time.monotonic()
         self.dead: Exception | None = None
+        self.max_lag_s = 0.0  # how far the engine's clock ran behind the wall clock, in simulated seconds
 
     def load(self) -> float:
         """vLLM's own data-parallel balancing score: ``waiting × 4 + running``."""
@@ -97,13 +105,26 @@ class _EngineDriver:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            dt = self.replica.step()
-            await asyncio.sleep(dt * self._time_scale)
+            self.replica.step()
+            await self._keep_time()
             for done in self.replica.pop_finished():
                 self._on_finished(self.replica.engine, done)
                 future = self._pending.pop(done.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(done)
+
+
+    async def _keep_time(self) -> None:
+        """Sleep until the wall clock reaches the engine's clock; when behind it, only yield and note the lag."""
+        if self._time_scale == 0:
+            await asyncio.sleep(0)
+            return
+        ahead = self._epoch + self.replica.now * self._time_scale - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+            return
+        self.max_lag_s = max(self.max_lag_s, -ahead / self._time_scale)
+        await asyncio.sleep(0)
 
 
 class SimServer:
@@ -119,7 +140,7 @@ class SimServer:
         self._replies = replies
         self._tokenizer = tokenizer or ToyTokenizer()
         replicas = [SimReplica(self.config.engine, engine=str(i)) for i in range(self.config.engines)]
-        self._exposition = Exposition(self.config.model, replicas)
+        self._exposition = Exposition(self.config.model, replicas, self._max_lags)
         self._drivers = [_EngineDriver(r, self.config.time_scale, self._exposition.observe) for r in replicas]
         self._ids = itertools.count()
         self._server: asyncio.Server | None = None
@@ -135,6 +156,9 @@ class SimServer:
     @property
     def replicas(self) -> list[SimReplica]:
         return [driver.replica for driver in self._drivers]
+
+    def _max_lags(self) -> dict[str, float]:
+        return {driver.replica.engine: driver.max_lag_s for driver in self._drivers}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port`` (0 picks a free port; read it from ``.port``)."""
@@ -224,16 +248,19 @@ class SimServer:
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
         output_ids = (*(token for _, token in reply), self._tokenizer.end_of_turn[1])
-        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=len(output_ids),
+        # vLLM's ignore_eos generates max_tokens whatever the model says, and finishes with "length".
+        output_len = max_tokens + 1 if body.get("ignore_eos") is True else len(output_ids)
+        sim_request = SimRequest(request_id, tuple(prompt), max_tokens, output_len=output_len,
                                  output_token_ids=output_ids)
         try:
             done = await driver.generate(sim_request)
         except Exception as exc:
             raise _ApiError(500, f"engine {driver.replica.engine} failed: {type(exc).__name__}: {exc}") from exc
         completion = self._completion_body(body, request_id, prompt, reply, done)
+        headers = {REPLICA_HEADER: f"{self.host}:{self.port}"}
         if body.get("stream"):
-            return Response(200, _event_stream(completion, body), content_type="text/event-stream")
-        return Response.json(200, completion)
+            return Response(200, _event_stream(completion, body), content_type="text/event-stream", headers=headers)
+        return Response.json(200, completion, headers=headers)
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
         """vLLM's two context-length refusals, word for word where clients parse them."""
@@ -270,9 +297,9 @@ class SimServer:
         self, body: dict, request_id: str, prompt: list[int], reply: list[tuple[str, int]], done: SimFinished
     ) -> dict:
         kept = reply[: done.output_tokens]
-        ends = [self._tokenizer.end_of_turn] * (done.output_tokens - len(kept))
-        texts = [text for text, _ in kept + ends]
-        ids = [token for _, token in kept + ends]
+        end_text, end_id = self._tokenizer.end_of_turn
+        ids = list(done.output_token_ids)  # the reply's tokens, then its end token (or, past it, any token)
+        texts = [text for text, _ in kept] + [end_text if i == end_id else "" for i in ids[len(kept):]]
         choice: dict = {
             "index": 0,
             "message": {"role": "assistant", "content": "".join(text for text, _ in kept), "tool_calls": []},

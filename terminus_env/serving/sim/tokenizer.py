@@ -2,11 +2,13 @@
 
 One token per whitespace-separated chunk (with the whitespace before it), its id a stable hash.
 Messages are encoded one by one and concatenated, so a session's next prompt starts with exactly
-the tokens of its last prompt and reply: the prefix cache sees the reuse a real server would.
+the tokens of its last prompt and reply: the prefix cache sees the reuse a real server would. A
+session resends its whole conversation every turn, so encoded messages are memoised.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any, Protocol
@@ -18,6 +20,7 @@ IM_START = 1
 IM_END = 2
 _FIRST_ORDINARY_ID = 16
 _PIECE = re.compile(r"\s*\S+")
+_MEMO_MESSAGES = 16_384
 
 
 def pieces(text: str) -> list[str]:
@@ -31,7 +34,12 @@ def token_id(piece: str) -> int:
 
 
 def encode(text: str) -> list[int]:
-    return [token_id(piece) for piece in pieces(text)]
+    return list(_encode(text))
+
+
+@functools.lru_cache(maxsize=_MEMO_MESSAGES)
+def _encode(text: str) -> tuple[int, ...]:
+    return tuple(token_id(piece) for piece in pieces(text))
 
 
 def encode_chat(messages: list[dict]) -> list[int]:
@@ -40,7 +48,7 @@ def encode_chat(messages: list[dict]) -> list[int]:
     for message in messages:
         if not isinstance(message, dict) or "role" not in message:
             raise ValueError("each message must be an object with a 'role'")
-        ids += [IM_START, token_id(str(message["role"]))] + encode(message_text(message)) + [IM_END]
+        ids += [IM_START, token_id(str(message["role"])), *_encode(message_text(message)), IM_END]
     return ids + [IM_START, token_id("assistant")]
 
 

@@ -1,4 +1,4 @@
-"""A synthetic agentic-RL workload for the virtual-time cluster: what each rollout will ask, turn by turn.
+"""A synthetic agentic-RL workload for the routing benchmarks: what each rollout will ask, turn by turn.
 
 Shaped after multi-turn terminal agents under GRPO: every rollout shares a system prompt; the G
 rollouts of a group share their task prompt; a task's difficulty (shared by its group) and per-rollout
@@ -47,6 +47,7 @@ class TurnPlan:
     output_len: int  # tokens the model would generate this turn (max_tokens may cut it)
     tool_tokens: tuple[int, ...]  # what the tool prints; empty after the last turn
     tool_wait_s: float  # time between this turn's answer and the next request
+    output_token_ids: tuple[int, ...] = ()  # what the model generates, when it must match an HTTP run
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ class RolloutPlan:
     prompt: tuple[int, ...]
     turns: tuple[TurnPlan, ...]
     max_tokens: int
+
+
+def fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool:
+    """Whether vLLM takes the request: it refuses (HTTP 400) a prompt whose ``max_tokens`` could overrun
+    ``max_model_len``, so an agent's episode ends at its context limit one turn before it would overflow."""
+    return prompt_tokens + max_tokens <= max_model_len
 
 
 def make_workload(config: WorkloadConfig) -> list[list[RolloutPlan]]:

@@ -1,34 +1,33 @@
-"""A virtual-time cluster: several SimReplicas, a Router and an Admission controller in one event loop.
+"""A virtual-time cluster: several SimReplicas served through the production Scheduler in one event loop.
 
-The benchmark needs hours of serving per policy in seconds of CPU, with the router and admission
-controller making the same calls they make in ``ServingPool``: ``route`` / ``on_dispatch`` /
-``on_complete`` / ``release`` and ``try_acquire`` / ``on_placed`` / ``on_turn`` / ``release`` / ``observe``, with a
-scrape every ``scrape_interval_s`` of virtual time. Training steps are released as whole batches:
-step ``s`` is released once steps ``0..s-K`` have all finished (``K = max_async_steps``; the trainer
-consumes steps in order), so with ``K = 1`` a step starts when the previous one has fully finished and
-with ``K >= 2`` the next steps' rollouts start while the previous step's stragglers still run.
+The benchmark needs hours of serving per policy in seconds of CPU, with routing and admission decided
+exactly as in ``ServingPool``: the cluster drives the same :class:`Scheduler` (``submit`` / ``place`` /
+``dispatched`` / ``completed`` / ``end``, and ``scraped`` / ``observe`` every ``scrape_interval_s`` of
+virtual time, the first scrape before any rollout starts, as ``ServingPool.start`` does). Training
+steps are released as whole batches: step ``s`` is released once steps ``0..s-K`` have all finished
+(``K = max_async_steps``; the trainer consumes steps in order), so with ``K = 1`` a step starts when
+the previous one has fully finished and with ``K >= 2`` the next steps' rollouts start while the
+previous step's stragglers still run. Released rollouts ask for admission in plan order, and the
+admission controller picks among all waiters, as the pool's queue does for the rollout runner.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from terminus_env.serving.admission import Admission
-from terminus_env.serving.router import Router
+from routing_lab.workload import RolloutPlan, fits
+from terminus_env.serving.scheduler import Scheduler
 from terminus_env.serving.sim.engine import (
-    ContextTooLong,
     SimConfig,
     SimFinished,
     SimReplica,
     SimRequest,
 )
-from terminus_env.serving.sim.workload import RolloutPlan
 
 
 class ClusterStalled(RuntimeError):
@@ -54,7 +53,7 @@ class ClusterResult:
     makespan_s: float
     rollouts: int
     finished_rollouts: int
-    context_limited: int  # rollouts ended because the next prompt did not fit max_model_len (HTTP 400)
+    context_limited: int  # rollouts ended because prompt + max_tokens would overrun max_model_len (HTTP 400)
     requests: int
     output_tokens: int  # as the client saw them
     engine_generation_tokens: int  # as the engines counted them (must equal output_tokens)
@@ -110,7 +109,7 @@ class _Tally:
 
 
 class Cluster:
-    """Owns the virtual clock; build the Router with ``clock=cluster.clock`` and hand both to ``run``."""
+    """Owns the virtual clock; build the Scheduler's Router with ``clock=cluster.clock`` and hand it to ``run``."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -121,27 +120,27 @@ class Cluster:
     def clock(self) -> float:
         return self.now
 
-    def run(self, batches: Sequence[Sequence[RolloutPlan]], router: Router, admission: Admission) -> ClusterResult:
+    def run(self, batches: Sequence[Sequence[RolloutPlan]], scheduler: Scheduler) -> ClusterResult:
         """Serve every batch to completion and summarise. A Cluster runs once."""
         if self.now != 0.0:
             raise RuntimeError("a Cluster runs once; build a new one for the next run")
-        return _Run(self, batches, router, admission).go()
+        if scheduler.admission is None:
+            raise ValueError("the cluster needs an admission controller (FixedAdmission(pipeline cap) for none)")
+        return _Run(self, batches, scheduler).go()
 
 
 class _Run:
-    """One run's mutable state: the event heap, the admission queue and the tallies."""
+    """One run's mutable state: the event heap and the tallies (the admission queue is the Scheduler's)."""
 
-    def __init__(self, cluster: Cluster, batches: Sequence[Sequence[RolloutPlan]], router: Router,
-                 admission: Admission) -> None:
+    def __init__(self, cluster: Cluster, batches: Sequence[Sequence[RolloutPlan]], scheduler: Scheduler) -> None:
         self.cluster = cluster
         self.replicas = cluster._replicas
         self.batches = batches
-        self.router = router
-        self.admission = admission
+        self.scheduler = scheduler
+        self.admission = scheduler.admission
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
         self.busy: set[str] = set()
-        self.queue: deque[_Rollout] = deque()
         self.inflight: dict[str, _Rollout] = {}  # request id -> rollout
         self.left_in_batch = [len(b) for b in batches]
         self.batch_start = [0.0] * len(batches)
@@ -154,8 +153,8 @@ class _Run:
         heapq.heappush(self.events, (t, next(self.seq), kind, payload))
 
     def go(self) -> ClusterResult:
+        self.scrape()
         self.release_batches()
-        self.push(0.0, "scrape")
         while self.events and self.done_batches < len(self.batches):
             t, _, kind, payload = heapq.heappop(self.events)
             self.cluster.now = t
@@ -176,46 +175,32 @@ class _Run:
         allowed = self.done_batches + self.cluster.config.max_async_steps
         while self.released < min(allowed, len(self.batches)):
             self.batch_start[self.released] = self.cluster.now
-            self.queue.extend(_Rollout(plan, plan.prompt) for plan in self.batches[self.released])
+            batch = self.batches[self.released]
             self.released += 1
-        self.admit()
-
-    def admit(self) -> None:
-        """Admit while the limit allows; the oldest step's waiters first (its end gates the next step's
-        release), and among them the one ``Admission.pick`` chooses."""
-        while self.queue and self.admission.in_flight < self.admission.limit:
-            cohort = self.oldest_step_waiting()
-            i = self.admission.pick([(ro.plan.rollout_id, ro.plan.group_id) for ro in cohort])
-            ro = cohort[i]
-            if not self.admission.try_acquire(ro.plan.rollout_id, ro.plan.group_id):
-                return
-            del self.queue[i]
-            self.send_turn(ro)
-
-    def oldest_step_waiting(self) -> list[_Rollout]:
-        """The queue's head run of rollouts from one step (the queue holds steps in release order)."""
-        step = self.queue[0].plan.step
-        return list(itertools.takewhile(lambda ro: ro.plan.step == step, self.queue))
+            for plan in batch:
+                ro = _Rollout(plan, plan.prompt)
+                if self.scheduler.submit(plan.rollout_id, plan.group_id, lambda ro=ro: self.send_turn(ro)):
+                    self.send_turn(ro)
 
     def send_turn(self, ro: _Rollout) -> None:
         plan = ro.plan
-        name = self.router.route(plan.rollout_id, plan.group_id)
+        name = self.scheduler.place(plan.rollout_id, plan.group_id)
         if ro.turn > 0:
             self.tally.followups += 1
             self.tally.stayed += name == ro.replica
         ro.replica = name
-        self.admission.on_placed(plan.rollout_id, name)
         replica = self.replicas[name]
-        req = SimRequest(f"{plan.rollout_id}/t{ro.turn}", ro.prompt, plan.max_tokens, plan.turns[ro.turn].output_len)
-        if name not in self.busy:
-            replica.advance_to(self.cluster.now)
-        try:
-            replica.submit(req, arrival_s=self.cluster.now)
-        except ContextTooLong:
+        turn = plan.turns[ro.turn]
+        req = SimRequest(f"{plan.rollout_id}/t{ro.turn}", ro.prompt, plan.max_tokens, turn.output_len,
+                         output_token_ids=turn.output_token_ids)
+        if not fits(len(ro.prompt), plan.max_tokens, replica.config.max_model_len):
             self.tally.context_limited += 1
             self.end_rollout(ro)
             return
-        self.router.on_dispatch(name, plan.rollout_id, len(ro.prompt))
+        if name not in self.busy:
+            replica.advance_to(self.cluster.now)
+        replica.submit(req, arrival_s=self.cluster.now)
+        self.scheduler.dispatched(name, plan.rollout_id, len(ro.prompt))
         self.inflight[req.request_id] = ro
         self.tally.requests += 1
         if name not in self.busy:
@@ -224,11 +209,10 @@ class _Run:
 
     def on_finished(self, ro: _Rollout, done: SimFinished) -> None:
         plan = ro.plan
-        self.router.on_complete(ro.replica or "", plan.rollout_id, len(ro.prompt), done.output_tokens)
+        self.scheduler.completed(ro.replica or "", plan.rollout_id, len(ro.prompt), done.output_tokens)
         self.tally.output_tokens += done.output_tokens
         self.tally.ttfts.append(done.ttft_s)
         ro.trace = len(ro.prompt) + done.output_tokens
-        self.admission.on_turn(plan.rollout_id, ro.trace)
         turn = plan.turns[ro.turn]
         if ro.turn + 1 == len(plan.turns):
             self.end_rollout(ro)
@@ -238,8 +222,7 @@ class _Run:
         self.push(self.cluster.now + turn.tool_wait_s, "turn", ro)
 
     def end_rollout(self, ro: _Rollout) -> None:
-        self.router.release(ro.plan.rollout_id)
-        self.admission.release(ro.plan.rollout_id, ro.trace)
+        self.scheduler.end(ro.plan.rollout_id, ro.trace)  # first, as the rollout's session closes before its step
         self.tally.finished += 1
         step = ro.plan.step
         self.left_in_batch[step] -= 1
@@ -248,7 +231,6 @@ class _Run:
             while self.done_batches < len(self.batches) and self.left_in_batch[self.done_batches] == 0:
                 self.done_batches += 1
             self.release_batches()
-        self.admit()
 
     # -- engines -------------------------------------------------------------------------------------
 
@@ -270,13 +252,12 @@ class _Run:
     def scrape(self) -> None:
         metrics = {name: r.metrics() for name, r in self.replicas.items()}
         for name, m in metrics.items():
-            self.router.update_metrics(name, m)
+            self.scheduler.scraped(name, m)
         if self.busy:
             usage = [m.kv_cache_usage for m in metrics.values()]
             self.tally.spreads.append(max(usage) - min(usage))
-        self.admission.observe(metrics)
+        self.scheduler.observe(metrics)
         self.tally.limits.append(self.admission.limit)
-        self.admit()
         self.push(self.cluster.now + self.cluster.config.scrape_interval_s, "scrape")
 
     # -- results -------------------------------------------------------------------------------------

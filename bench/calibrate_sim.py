@@ -1,0 +1,304 @@
+"""Fit the simulator's step-time model to a live vLLM server, and check it on a run that preempts.
+
+Usage: .venv/bin/python bench/calibrate_sim.py --base-url URL [--base-url URL2 ...] [--model NAME]
+       [--max-num-seqs 256] [--max-num-batched-tokens 8192] [--quick] [--json FILE]
+
+The simulator prices a step at ``base + per_token × scheduled tokens + per_seq × sequences + per_context ×
+KV tokens read + per_pair × (token, earlier token) pairs`` (``SimConfig``). Three kinds of probe, over
+the OpenAI chat API with ``ignore_eos`` so output lengths are exact, and fresh random prompts so no
+prefix cache helps:
+
+- prefill: one request of P prompt tokens and one output token; its latency is one prefill of P
+  (``h + base + per_seq + (per_token + per_context) × P + per_pair × P(P+1)/2``, h the HTTP round trip);
+- decode: B requests at once, each of P prompt tokens, run twice with N1 and N2 output tokens; the
+  extra time per extra token is one decode step of B sequences at the mean context C
+  (``base + (per_token + per_seq) × B + (per_context + per_pair) × B × C``);
+- recompute: requests that overflow the KV pool so the engine preempts; the live makespan and
+  preemption count are compared with the simulator's, with the fitted settings, on the same requests.
+
+Least squares on the first two give the five coefficients (and h); the third says whether recompute
+after preemption costs what the model says. The KV pool comes from ``/metrics``
+(``num_gpu_blocks × block_size``) and ``max_model_len`` from ``/v1/models``; ``max_num_seqs`` and
+``max_num_batched_tokens`` are not published, so pass the values the server was started with. The
+settings are printed as a ``SimConfig`` and as ``python -m terminus_env.serving.sim serve`` flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from terminus_env.serving.client import ReplicaClient
+from terminus_env.serving.sim.engine import SimConfig, SimReplica, SimRequest
+
+STEP_FIELDS = ("step_base_s", "step_per_token_s", "step_per_seq_s", "step_per_context_token_s",
+               "step_per_token_pair_s")
+_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What to measure: prompt lengths for prefill; (batch, prompt) pairs and two output lengths for decode."""
+
+    prefill_prompts: tuple[int, ...]
+    decode_shapes: tuple[tuple[int, int], ...]
+    decode_outputs: tuple[int, int]
+    repeats: int
+    overflow: float  # the recompute check asks for this many times the KV pool
+    overflow_output: int  # output tokens of each of the recompute check's requests
+
+
+FULL = Probes((128, 512, 1024, 2048, 3072, 4096, 6144, 8000), ((1, 256), (8, 256), (32, 256), (64, 256), (1, 4096),
+              (8, 4096), (32, 2048)), (16, 144), 3, 1.6, 1024)
+QUICK = Probes((128, 1024, 2048, 4096, 6000), ((1, 256), (16, 256), (48, 256), (1, 3000), (16, 2000)), (8, 72), 2, 1.5,
+               256)
+
+
+@dataclass(frozen=True)
+class Sample:
+    kind: str  # "prefill" or "decode"
+    batch: int
+    prompt_tokens: int  # as the server counted them
+    seconds: float  # prefill: the request's latency; decode: the time of one more output token
+
+
+@dataclass(frozen=True)
+class Fit:
+    config: SimConfig
+    http_overhead_s: float
+    residuals: tuple[float, ...]  # relative error of the model on each sample
+
+
+class Server:
+    """One live server: chat requests with exact output lengths, its KV pool and context limit."""
+
+    def __init__(self, base_url: str, model: str | None) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=_TIMEOUT_S,
+                                      limits=httpx.Limits(max_connections=None))
+        self.model = model
+        self.chars_per_token = 4.0
+        self._rng = random.Random(0)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def describe(self) -> tuple[str, int, int, int]:
+        """The model name, max_model_len, num_gpu_blocks and block_size."""
+        card = (await self.http.get("/v1/models")).json()["data"][0]
+        async with ReplicaClient(self.base_url) as client:
+            engines = await client.metrics()
+        blocks = {m.num_gpu_blocks for m in engines.values()}
+        sizes = {m.block_size for m in engines.values()}
+        if None in blocks or None in sizes:
+            raise SystemExit(f"{self.base_url}/metrics has no vllm:cache_config_info: is it a vLLM V1 server?")
+        self.model = self.model or card["id"]
+        return card["id"], int(card.get("max_model_len") or 0), min(blocks), min(sizes)  # type: ignore[type-var]
+
+    async def preemptions(self) -> float:
+        async with ReplicaClient(self.base_url) as client:
+            return sum(m.num_preemptions_total for m in (await client.metrics()).values())
+
+    def prompt(self, tokens: int) -> str:
+        """Fresh random words, about ``tokens`` long for this server's tokenizer (no prefix to reuse)."""
+        words = int(tokens * self.chars_per_token / 7)
+        return " ".join(f"q{self._rng.randrange(10**6):06d}" for _ in range(max(1, words)))
+
+    async def complete(self, text: str, output_tokens: int) -> tuple[int, int, float]:
+        """One chat request: (prompt tokens, output tokens, seconds)."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": text}], "max_tokens": output_tokens,
+                "ignore_eos": True, "temperature": 0.0}
+        t0 = time.perf_counter()
+        response = await self.http.post("/v1/chat/completions", json=body)
+        seconds = time.perf_counter() - t0
+        if response.status_code != 200:
+            raise SystemExit(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")
+        usage = response.json()["usage"]
+        return usage["prompt_tokens"], usage["completion_tokens"], seconds
+
+    async def learn_tokenizer(self) -> None:
+        text = self.prompt(1000)
+        prompt_tokens, _, _ = await self.complete(text, 1)
+        self.chars_per_token = len(text) / prompt_tokens
+
+
+async def measure(server: Server, probes: Probes, like: SimConfig) -> list[Sample]:
+    """Every probe ``probes.repeats`` times; each sample is the lower median of its repeats (a stall only
+    ever adds time). Decode batches are cut to what ``max_num_seqs`` and 80% of the KV pool hold, so no
+    probe is preempted."""
+    await server.learn_tokenizer()
+    longest = int(min(like.max_num_batched_tokens, like.max_model_len) * 0.9)  # one prefill chunk, room to spare
+    pool = like.usable_blocks * like.block_size
+    prefill: dict[int, list[Sample]] = {}
+    decode: dict[tuple[int, int], list[Sample]] = {}
+    n1, n2 = probes.decode_outputs
+    shapes = list(dict.fromkeys(
+        (max(1, min(batch, like.max_num_seqs, int(0.8 * pool / (p + n2 + 2 * like.block_size)))), p)
+        for batch, p in probes.decode_shapes
+    ))
+    for _ in range(probes.repeats):
+        for p in probes.prefill_prompts:
+            prompt_tokens, _, seconds = await server.complete(server.prompt(min(p, longest)), 1)
+            prefill.setdefault(p, []).append(Sample("prefill", 1, prompt_tokens, seconds))
+        for batch, p in shapes:
+            times, tokens = {}, []
+            for n in (n1, n2):
+                runs = await asyncio.gather(*(server.complete(server.prompt(p), n) for _ in range(batch)))
+                if any(out != n for _, out, _ in runs):
+                    raise SystemExit(f"{server.base_url} ignored ignore_eos/max_tokens: asked {n} tokens")
+                times[n] = statistics.fmean(seconds for _, _, seconds in runs)
+                tokens += [prompt_tokens for prompt_tokens, _, _ in runs]
+            step = (times[n2] - times[n1]) / (n2 - n1)
+            decode.setdefault((batch, p), []).append(Sample("decode", batch, round(statistics.fmean(tokens)), step))
+    return [_median(group) for group in (*prefill.values(), *decode.values())]
+
+
+def _median(group: Sequence[Sample]) -> Sample:
+    ordered = sorted(group, key=lambda s: s.seconds)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def fit(samples: Sequence[Sample], probes: Probes, like: SimConfig) -> Fit:
+    """Least squares: decode samples give base, per_token + per_seq and per_context + per_pair; prefill
+    samples (one chunk each) give h + base + per_seq, per_token + per_context and per_pair; together,
+    all five and h."""
+    n1, n2 = probes.decode_outputs
+    decode = [s for s in samples if s.kind == "decode"]
+    prefill = [s for s in samples if s.kind == "prefill"]
+    if len({s.batch for s in decode}) < 2 or len({s.prompt_tokens for s in prefill}) < 3:
+        raise ValueError("need decode probes at two batch sizes at least and prefill probes at three lengths")
+    # Decode: one step of B sequences, each reading its context; the context grows by one per step.
+    context = [s.prompt_tokens + (n1 + n2) / 2 for s in decode]
+    a = np.array([[1.0, s.batch, s.batch * c] for s, c in zip(decode, context)])
+    (base, token_plus_seq, context_plus_pair), *_ = np.linalg.lstsq(a, np.array([s.seconds for s in decode]),
+                                                                   rcond=None)
+    # Prefill: one step (or chunks) of P tokens for one sequence.
+    b = np.array([[1.0, s.prompt_tokens, s.prompt_tokens * (s.prompt_tokens + 1) / 2] for s in prefill])
+    (intercept, token_plus_context, pair), *_ = np.linalg.lstsq(b, np.array([s.seconds for s in prefill]), rcond=None)
+    per_context = max(0.0, context_plus_pair - pair)
+    per_token = max(0.0, token_plus_context - per_context)
+    per_seq = max(0.0, token_plus_seq - per_token)
+    overhead = intercept - base - per_seq
+    config = dataclasses.replace(like, step_base_s=float(max(base, 1e-6)), step_per_token_s=float(per_token),
+                                 step_per_seq_s=float(per_seq), step_per_context_token_s=float(per_context),
+                                 step_per_token_pair_s=float(max(0.0, pair)))
+    predicted = [_decode_step(config, s.batch, c) for s, c in zip(decode, context)]
+    predicted += [overhead + _prefill_step(config, s.prompt_tokens) for s in prefill]
+    observed = [s.seconds for s in decode] + [s.seconds for s in prefill]
+    return Fit(config, float(overhead), tuple((p - o) / o for p, o in zip(predicted, observed)))
+
+
+def _decode_step(cfg: SimConfig, batch: int, context: float) -> float:
+    return (cfg.step_base_s + (cfg.step_per_token_s + cfg.step_per_seq_s) * batch
+            + (cfg.step_per_context_token_s + cfg.step_per_token_pair_s) * batch * context)
+
+
+def _prefill_step(cfg: SimConfig, prompt: int) -> float:
+    return (cfg.step_base_s + cfg.step_per_seq_s + (cfg.step_per_token_s + cfg.step_per_context_token_s) * prompt
+            + cfg.step_per_token_pair_s * prompt * (prompt + 1) / 2)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    live_s: float
+    live_preemptions: float
+    sim_s: float
+    sim_preemptions: int
+
+
+async def recompute_check(server: Server, config: SimConfig, overhead_s: float, probes: Probes) -> Recompute:
+    """Requests that together need ``probes.overflow`` × the KV pool: the live run against the simulator's.
+    Where ``max_num_seqs`` requests of ``max_model_len`` cannot fill the pool, nothing is preempted and the
+    check only compares a full batch."""
+    pool = config.usable_blocks * config.block_size
+    count = config.max_num_seqs
+    output = min(probes.overflow_output, config.max_model_len // 4)
+    prompt = max(64, min(config.max_model_len - output - 64, int(pool * probes.overflow / count) - output))
+    texts = [server.prompt(prompt) for _ in range(count)]
+    before = await server.preemptions()
+    t0 = time.perf_counter()
+    runs = await asyncio.gather(*(server.complete(text, output) for text in texts))
+    live = time.perf_counter() - t0
+    preempted = await server.preemptions() - before
+    replica = SimReplica(config)
+    for i, (prompt_tokens, _, _) in enumerate(runs):
+        replica.submit(SimRequest(f"r{i}", tuple(range(i * 10**6, i * 10**6 + prompt_tokens)), output, output + 1))
+    while replica.has_work():
+        if replica.step() == 0.0:
+            raise RuntimeError("the simulated replica cannot schedule the recompute check's requests")
+    return Recompute(count, round(statistics.fmean(r[0] for r in runs)), output, live, preempted,
+                     replica.now + overhead_s, replica.stats().preemptions)
+
+
+def flags(config: SimConfig) -> str:
+    return " ".join(f"--{name.replace('_', '-')} {getattr(config, name):.4g}" for name in STEP_FIELDS)
+
+
+async def calibrate(base_urls: Sequence[str], model: str | None, max_num_seqs: int, max_num_batched_tokens: int,
+                    probes: Probes) -> dict:
+    servers = [Server(url, model) for url in base_urls]
+    try:
+        name, max_len, blocks, block_size = await servers[0].describe()
+        for other in servers[1:]:
+            await other.describe()
+        like = SimConfig(num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                         max_model_len=max_len or SimConfig.max_model_len,
+                         max_num_batched_tokens=max_num_batched_tokens)
+        samples = [s for server in servers for s in await measure(server, probes, like)]
+        result = fit(samples, probes, like)
+        check = await recompute_check(servers[0], result.config, result.http_overhead_s, probes)
+    finally:
+        for server in servers:
+            await server.aclose()
+    return {"model": name, "config": result.config, "http_overhead_s": result.http_overhead_s,
+            "residuals": result.residuals, "samples": samples, "recompute": check}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base-url", action="append", required=True, help="a vLLM server (repeat for DP replicas)")
+    parser.add_argument("--model", help="the served model name (default: the first of /v1/models)")
+    parser.add_argument("--max-num-seqs", type=int, default=SimConfig.max_num_seqs, help="as the server was started")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=SimConfig.max_num_batched_tokens,
+                        help="as the server was started")
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller probes (about a minute)")
+    parser.add_argument("--json", type=Path, help="also write the fit, the samples and the check here")
+    args = parser.parse_args(argv)
+    out = asyncio.run(calibrate(args.base_url, args.model, args.max_num_seqs, args.max_num_batched_tokens,
+                                QUICK if args.quick else FULL))
+    config, check = out["config"], out["recompute"]
+    residuals = np.abs(np.array(out["residuals"]))
+    print(f"model {out['model']}: {config.num_gpu_blocks} blocks x {config.block_size} tokens, max_model_len "
+          f"{config.max_model_len}; {len(out['samples'])} probes, model error median {100 * np.median(residuals):.1f}%"
+          f", worst {100 * residuals.max():.1f}%; HTTP round trip {1000 * out['http_overhead_s']:.1f} ms")
+    print("SimConfig(" + ", ".join(f"{f}={getattr(config, f):.4g}" for f in STEP_FIELDS) + ")")
+    print(f"python -m terminus_env.serving.sim serve --num-gpu-blocks {config.num_gpu_blocks} --block-size "
+          f"{config.block_size} --max-model-len {config.max_model_len} --max-num-seqs {config.max_num_seqs} "
+          f"--max-num-batched-tokens {config.max_num_batched_tokens} {flags(config)}")
+    print(f"recompute check: {check.requests} requests of {check.prompt_tokens} + {check.output_tokens} tokens: live "
+          f"{check.live_s:.2f} s with {check.live_preemptions:.0f} preemptions; simulated {check.sim_s:.2f} s with "
+          f"{check.sim_preemptions} ({100 * (check.sim_s / check.live_s - 1):+.1f}%)")
+    if args.json:
+        args.json.write_text(json.dumps({**out, "config": dataclasses.asdict(config),
+                                         "samples": [dataclasses.asdict(s) for s in out["samples"]],
+                                         "recompute": dataclasses.asdict(check)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

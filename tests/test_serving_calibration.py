@@ -1,0 +1,50 @@
+"""bench/calibrate_sim.py against the simulated replica: it must recover the settings the replica was started with."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import calibrate_sim as calibration
+import pytest
+from serving_support import SimProcesses
+
+# Settings unlike the defaults, each term large enough to show in some probe; time runs at 1 s per second.
+TRUE = {
+    "step_base_s": 0.012,
+    "step_per_token_s": 4e-5,
+    "step_per_seq_s": 2e-4,
+    "step_per_context_token_s": 2e-7,
+    "step_per_token_pair_s": 5e-9,  # slow attention, so the quadratic term stands out of the HTTP noise
+}
+PROBES = calibration.Probes(prefill_prompts=(256, 1500, 3000, 4500, 6000),
+                            decode_shapes=((1, 256), (24, 256), (48, 256), (1, 3000), (12, 2500)),
+                            decode_outputs=(8, 104), repeats=2, overflow=1.5, overflow_output=256)
+TOLERANCE = {"step_base_s": 0.15, "step_per_token_s": 0.15, "step_per_seq_s": 0.35,
+             "step_per_context_token_s": 0.35, "step_per_token_pair_s": 0.35}
+
+
+def test_calibration_recovers_the_simulators_settings_and_its_recompute(tmp_path: Path) -> None:
+    procs = SimProcesses(tmp_path)
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in TRUE.items()]
+    try:
+        _, url = procs.start("--model", "m", "--time-scale", "1", "--num-gpu-blocks", "4096", "--max-model-len",
+                             "8192", "--max-num-seqs", "48", *flags)
+        out = asyncio.run(asyncio.wait_for(calibration.calibrate([url], None, 48, 8192, PROBES), 240))
+    finally:
+        procs.close()
+    config = out["config"]
+    assert (config.num_gpu_blocks, config.block_size, config.max_model_len, out["model"]) == (4096, 16, 8192, "m")
+    recovered = {name: getattr(config, name) for name in TRUE}
+    for name, value in TRUE.items():
+        assert recovered[name] == pytest.approx(value, rel=TOLERANCE[name]), (name, recovered)
+    check = out["recompute"]
+    assert check.live_preemptions >= 2 and check.sim_preemptions >= 2  # the check really overflowed the KV pool
+    assert check.sim_s == pytest.approx(check.live_s, rel=0.15)
+
+
+def test_the_fit_needs_enough_shapes() -> None:
+    sample = calibration.Sample("decode", 8, 256, 0.01)
+    with pytest.raises(ValueError, match="two batch sizes"):
+        calibration.fit([sample, dataclasses.replace(sample, seconds=0.02)], PROBES, calibration.SimConfig())
