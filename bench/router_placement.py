@@ -19,6 +19,7 @@ import httpx
 from routing_lab.processes import Processes, RouterSpec
 
 from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.server import REPLICA_HEADER
 
 
 async def turn(http: httpx.AsyncClient, url: str, header: str, session: str, max_tokens: int) -> str:
@@ -26,7 +27,7 @@ async def turn(http: httpx.AsyncClient, url: str, header: str, session: str, max
             "ignore_eos": True}  # fmt: skip
     response = await http.post(f"{url}/v1/chat/completions", json=body, headers={header: session})
     response.raise_for_status()
-    return response.headers["x-sim-replica"].rsplit(":", 1)[1]
+    return response.headers[REPLICA_HEADER].rsplit(":", 1)[1]
 
 
 async def probe(url: str, header: str) -> None:
