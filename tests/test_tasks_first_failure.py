@@ -42,13 +42,14 @@ ASSERTION = "AssertionError: expected 1 row in /app/out.csv, found 2 after readi
 def run_pytest(tmp_path: Path, source: str, *flags: str) -> tuple[str, bytes | None]:
     """Run the image-side verifier's tool for real: pytest on a test file, optionally with a CTRF report.
 
-    The width is pinned to an 80-column terminal, as in a verifier's container; a CI runner that exports a wide
-    ``COLUMNS`` would otherwise leave pytest's summary lines uncut.
+    The width is pinned to an 80-column terminal, as in a verifier's container. A CI runner's wide ``COLUMNS``,
+    or its ``CI``/``BUILD_NUMBER`` variables (pytest then never cuts summary lines), would leave the lines uncut.
     """
+    env = {key: value for key, value in os.environ.items() if key not in ("CI", "BUILD_NUMBER")}
     (tmp_path / "test_verifier.py").write_text(source)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *flags, "test_verifier.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "80"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env={**env, "COLUMNS": "80"},
     )  # fmt: skip
     ctrf = tmp_path / "ctrf.json"
     return result.stdout + result.stderr, ctrf.read_bytes() if ctrf.exists() else None
