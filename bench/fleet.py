@@ -24,12 +24,13 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
 import ray
 from ray.cluster_utils import Cluster
+from timing import timed
 
 from terminus_env.env import TerminusEnv
 from terminus_env.rollout import RolloutRunner
@@ -57,15 +58,6 @@ def ms(seconds: float) -> str:
 
 def row(label: str, *cells: str) -> None:
     print(f"  {label:<50}" + "  ".join(f"{cell:>20}" for cell in cells), flush=True)
-
-
-async def timed(action: Callable[[], Awaitable[object]], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        await action()
-        times.append(time.perf_counter() - started)
-    return times
 
 
 def cpu_s(pid: int) -> float:

@@ -38,6 +38,10 @@ serve() {  # serve PORT DP VISIBLE_GPUS LOGDIR: start `terminus-env serve` in th
     LAUNCHERS+=($!)
 }
 
+status() {  # status CODE: what the summary says of a step that exited with CODE
+    if [ "$1" = 0 ]; then echo ok; else echo "FAILED ($1)"; fi
+}
+
 healthy() {  # healthy URL SECONDS: wait for /health
     local url=$1 limit=$2 t=0
     until curl -sf "$url/health" > /dev/null; do
@@ -70,7 +74,7 @@ if docker info > /dev/null 2>&1; then
         --name hello-world --name dotenv-settings --max-turns 6 --max-turn-tokens 1024 --concurrency 2 \
         --output "$OUT_DIR/eval.jsonl" > "$OUT_DIR/eval.txt" 2>&1
     code=$?
-    RESULT[eval]=$([ $code = 0 ] && echo ok || echo "FAILED ($code)")
+    RESULT[eval]=$(status "$code")
 else
     RESULT[eval]="skipped: no Docker engine answers"
 fi
@@ -82,7 +86,7 @@ dp2=$?
 timeout 150 "$PY" bench/calibrate_sim.py --base-url "http://127.0.0.1:$PORT1" --model "$MODEL" --quick \
     --max-num-batched-tokens 8192 --json "$OUT_DIR/calibration.json" > "$OUT_DIR/calibration.txt" 2>&1
 code=$?
-RESULT[calibration]=$([ $code = 0 ] && echo ok || echo "FAILED ($code)")
+RESULT[calibration]=$(status "$code")
 log "calibration: ${RESULT[calibration]}; $(grep -h 'SimConfig\|recompute check' "$OUT_DIR/calibration.txt" | tr '\n' ' ')"
 kill -TERM "${LAUNCHERS[0]}" 2>/dev/null; wait "${LAUNCHERS[0]}" 2>/dev/null
 
@@ -93,7 +97,7 @@ if [ $dp2 = 0 ]; then
         --only "ours:" "clairvoyant" "vllm-router cache_aware uncapped" "sglang-router cache_aware uncapped" \
         --json "$OUT_DIR/routing.json" > "$OUT_DIR/routing.txt" 2>&1
     code=$?
-    RESULT[routing]=$([ $code = 0 ] && echo ok || echo "FAILED ($code)")
+    RESULT[routing]=$(status "$code")
 else
     RESULT[routing]="FAILED: the DP 2 replicas did not start (serve-dp2/)"
 fi

@@ -3,7 +3,7 @@
 Starts four simulated replicas and one router (default: vllm-router's ``sticky_least_loaded``) and prints which
 replica served each turn, from the replicas' ``x-sim-replica`` header. It answers one question the HTTP benchmark
 raised: does "least loaded" count a replica's live sessions, its requests in flight, or every session it was ever
-given?
+given? For vllm-router it also ends sessions with ``POST /finish_session?session_id=``, as its users do.
 
     .venv/bin/python bench/router_placement.py [--router vllm-router] [--policy sticky_least_loaded]
 """
@@ -30,7 +30,7 @@ async def turn(http: httpx.AsyncClient, url: str, header: str, session: str, max
     return response.headers[REPLICA_HEADER].rsplit(":", 1)[1]
 
 
-async def probe(url: str, header: str) -> None:
+async def probe(url: str, header: str, finish: bool) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
         first = [await turn(http, url, header, f"short-{i}", 2) for i in range(8)]
         print("8 sessions one after another, each finished before the next starts:", first)
@@ -39,6 +39,12 @@ async def probe(url: str, header: str) -> None:
         await asyncio.sleep(0.5)
         new = [await turn(http, url, header, f"new-{i}", 2) for i in range(6)]
         print("6 new sessions while 2 long ones run:", new, "- the long ones ran on", await asyncio.gather(*long))
+        if finish:
+            ended = []
+            for i in range(8):
+                ended.append(await turn(http, url, header, f"ended-{i}", 2))
+                (await http.post(f"{url}/finish_session", params={"session_id": f"ended-{i}"})).raise_for_status()
+            print("8 sessions one after another, each ended with /finish_session (as deployed):", ended)
 
 
 def main() -> int:
@@ -52,7 +58,7 @@ def main() -> int:
         replies.write_text('{"reply": "ok"}\n')
         urls = procs.replicas(4, SimConfig(), 1.0, replies, "m")  # time scale 1: a 400-token turn takes seconds
         print("replicas (by port):", [u.rsplit(":", 1)[1] for u in urls])
-        asyncio.run(probe(procs.router(spec, urls), spec.session_header))
+        asyncio.run(probe(procs.router(spec, urls), spec.session_header, spec.finishes_sessions))
     return 0
 
 

@@ -199,7 +199,8 @@ async def _serve_pool(spec: PoolSpec, admission: Admission, urls: list[str], cha
 
 async def _serve_router(spec: RouterSpec, router_url: str, limit: int, urls: list[str],
                         chats: Sequence[Sequence[ChatRollout]], setup: Setup) -> HttpResult:
-    endpoint = RouterEndpoint(router_url, spec.session_header, setup.model, limit, forced=bool(setup.live))
+    endpoint = RouterEndpoint(router_url, spec.session_header, setup.model, limit, forced=bool(setup.live),
+                              finish_sessions=spec.finishes_sessions)
     try:
         return await serve(chats, endpoint, urls, setup.async_steps, setup.time_scale)
     finally:
@@ -367,18 +368,22 @@ def fidelity(outcomes: Sequence[Outcome], twins: dict[str, ClusterResult]) -> li
 
 def report(files: Sequence[Path]) -> str:
     """Means over several runs' ``--json`` files: one line per (row, cap), each row's makespan judged
-    against the clairvoyant order of its own run; added latencies from the last file that measured them."""
-    runs = [json.loads(path.read_text()) for path in files]
+    against the clairvoyant order of its own seed; added latencies from the last file that measured them.
+    Files of the same seed merge, a later file's row replacing the same row of an earlier one (a rerun)."""
     latency: dict[str, float] = {}
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for run in runs:
+    by_seed: dict[int, dict[tuple[str, str], dict]] = {}
+    virtual: dict[int, float | None] = {}
+    for run in (json.loads(path.read_text()) for path in files):
         latency.update(run.get("latency_ms") or {})
-        rows_ = run["rows"]
-        reference = next((r["makespan_s"] for r in rows_ if r["label"].startswith("clairvoyant")), None)
-        reference = reference or run.get("virtual", {}).get("clairvoyant", {}).get("makespan_s")
-        for r in rows_:
-            groups.setdefault((r["label"], r["cap"]), []).append({**r, "reference": reference,
-                                                                   "seed": run["setup"]["workload"]["seed"]})
+        seed = run["setup"]["workload"]["seed"]
+        by_seed.setdefault(seed, {}).update({(r["label"], r["cap"]): r for r in run["rows"]})
+        virtual[seed] = virtual.get(seed) or run.get("virtual", {}).get("clairvoyant", {}).get("makespan_s")
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for seed, seed_rows in by_seed.items():
+        reference = next((r["makespan_s"] for (label, _), r in seed_rows.items() if label.startswith("clairvoyant")),
+                         virtual[seed])
+        for key, r in seed_rows.items():
+            groups.setdefault(key, []).append({**r, "reference": reference, "seed": seed})
     head = (f"{'row':<44}{'cap':<10}{'runs':>5}{'seeds':>7}{'makespan s':>11}{'x clairv':>9}{'out tok/s':>10}"
             f"{'% preempt':>10}{'prefix hit':>11}{'stay':>6}{'+lat ms':>8}{'lag/mksp':>9}")
     lines = [head, "-" * len(head)]

@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 
 import docker
+from timing import timed
 
 from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxPool, SandboxSpec, reap
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
@@ -36,15 +36,6 @@ def ms(seconds: float) -> str:
 
 def row(label: str, ours: str, baseline: str = "", note: str = "") -> None:
     print(f"  {label:<44} {ours:>14} {baseline:>14}   {note}")
-
-
-async def timed(action: Callable[[], Awaitable[object]], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        await action()
-        times.append(time.perf_counter() - started)
-    return times
 
 
 def docker_exec(container: docker.models.containers.Container, argv: list[str]) -> str:

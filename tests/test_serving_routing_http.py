@@ -124,3 +124,72 @@ def test_the_report_judges_the_means_of_several_runs(tmp_path: Path) -> None:
     assert "[met] ours faster than every router policy and cap: 1.02x" in out  # sticky: (390 + 530) / 2 = 460
     assert "[met] ours within 1.10x of the clairvoyant-order makespan: 1.08x" in out
     assert "[met] ours: preemptions <= 1% of requests: 0.30%" in out
+
+    rerun = tmp_path / "rerun1.json"  # seed 1's sticky row again: it replaces that row, the rest of seed 1 stays
+    rerun.write_text(json.dumps({"setup": {"workload": {"seed": 1}}, "rows": [_row(sticky, "fixed", 410)]}))
+    out = bench.report([*files, rerun])
+    assert f"{sticky:<44}fixed         2    0,1      400.0     0.97" in out  # (390/380 + 410/450) / 2
+    assert "[NOT met] ours faster than every router policy and cap: 0.89x" in out
+
+
+def test_the_twins_reproduce_the_benchmark_s_own_twin_and_jitter_only_tool_waits() -> None:
+    import routing_twins as twins
+
+    setup = bench.quick_setup()
+    _, plans = bench.workload(setup)
+    ours = twins.TWINS[0]
+    exact, _ = twins.run(ours, setup, 0.05, 0)  # draw 0 is the plan itself
+    assert exact == bench.run_twin(bench.PoolSpec(), setup, plans).makespan_s
+
+    moved = twins.jittered(plans, 0.05, 3)
+    pairs = [(a, b) for pa, pb in zip(plans, moved) for ra, rb in zip(pa, pb) for a, b in zip(ra.turns, rb.turns)]
+    assert any(a.tool_wait_s != b.tool_wait_s for a, b in pairs)
+    for a, b in pairs:
+        assert dataclasses.replace(b, tool_wait_s=a.tool_wait_s) == a  # tokens and lengths untouched
+        assert 0.95 * a.tool_wait_s <= b.tool_wait_s <= 1.05 * a.tool_wait_s
+    assert twins.jittered(plans, 0.05, 3) == moved  # a draw is reproducible
+
+    router_twin = next(t for t in twins.TWINS if t.policy == "requests")
+    makespan, preempted = twins.run(router_twin, setup, 0.05, 1)
+    assert makespan > 0 and 0 <= preempted <= 1
+
+
+def test_vllm_router_places_by_live_sessions_once_told_that_sessions_ended(tmp_path: Path) -> None:
+    """As deployed, the client ends each session with ``/finish_session``: ``sticky_least_loaded`` then sends a new
+    session to the replica a finished one freed (without the call it counts every session ever given, and two
+    replicas with one session each would tie, so each check below would hold by chance half the time)."""
+    import asyncio
+
+    from routing_lab.http_run import RouterEndpoint
+    from routing_lab.processes import Processes
+
+    setup = bench.quick_setup()
+    chats, _ = bench.workload(setup)
+    rollouts = [ro for batch in chats for ro in batch]
+    spec = bench.RouterSpec("vllm-router", "sticky_least_loaded")
+    assert spec.finishes_sessions
+
+    async def first_turn(endpoint: RouterEndpoint, ro) -> str:  # type: ignore[no-untyped-def]
+        return (await endpoint.chat(ro, 0, ro.first_messages())).replica
+
+    async def placements(url: str) -> list[tuple[str, str, str]]:
+        endpoint = RouterEndpoint(url, spec.session_header, bench.MODEL, limit=8, finish_sessions=True)
+        out = []
+        try:
+            for k in range(4):
+                held, ended, new = rollouts[3 * k: 3 * k + 3]
+                async with endpoint.session(held):
+                    on_held = await first_turn(endpoint, held)
+                    async with endpoint.session(ended):
+                        on_ended = await first_turn(endpoint, ended)
+                    async with endpoint.session(new):
+                        out.append((on_held, on_ended, await first_turn(endpoint, new)))
+        finally:
+            await endpoint.aclose()
+        return out
+
+    with Processes(tmp_path) as procs:
+        urls = procs.replicas(2, setup.engine, 0.0, write_replies(chats, tmp_path / "replies.jsonl"), bench.MODEL)
+        seen = asyncio.run(placements(procs.router(spec, urls)))
+    for on_held, on_ended, on_new in seen:
+        assert on_held != on_ended and on_new == on_ended, seen

@@ -46,19 +46,27 @@ class Endpoint(Protocol):
 
 
 class RouterEndpoint:
-    """A router process: the session id in the router's session header, a FIFO cap on the rollout side."""
+    """A router process: the session id in the router's session header, a FIFO cap on the rollout side, and,
+    where the router takes it, word that a session ended when its rollout does."""
 
-    def __init__(self, url: str, session_header: str, model: str, limit: int, forced: bool = False) -> None:
+    def __init__(self, url: str, session_header: str, model: str, limit: int, forced: bool = False,
+                 finish_sessions: bool = False) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=_TIMEOUT_S, limits=httpx.Limits(max_connections=None))
         self._header = session_header
         self._model = model
         self._slots = asyncio.Semaphore(limit)
         self._forced = forced
+        self._finish_sessions = finish_sessions
 
     @contextlib.asynccontextmanager
     async def session(self, rollout: ChatRollout) -> AsyncIterator[None]:
         async with self._slots:
-            yield
+            try:
+                yield
+            finally:
+                if self._finish_sessions:
+                    response = await self._http.post("/finish_session", params={"session_id": rollout.rollout_id})
+                    response.raise_for_status()
 
     async def chat(self, rollout: ChatRollout, turn: int, messages: list[dict]) -> Turn:
         body = request_body(self._model, messages, rollout, turn if self._forced else None)

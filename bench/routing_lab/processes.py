@@ -46,6 +46,13 @@ class RouterSpec:
         """The header each router keys sessions by (``x-session-id``; SGLang's ``manual`` policy reads its own)."""
         return "x-smg-routing-key" if self.router == "sglang-router" else "x-session-id"
 
+    @property
+    def finishes_sessions(self) -> bool:
+        """Whether the client tells the router a session ended (``POST /finish_session?session_id=``), as
+        vllm-router's users do: ``sticky_least_loaded`` then counts live sessions, not every session it was
+        ever given; policies that keep no sessions answer it and ignore it."""
+        return self.router == "vllm-router"
+
 
 def versions() -> dict[str, str]:
     """The installed routers' versions, for the report."""
