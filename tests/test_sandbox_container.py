@@ -14,6 +14,7 @@ from pathlib import Path
 
 import docker
 import pytest
+import requests
 from sandbox_support import SPEC, Runner, containers_of_pid, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
 from terminus_env.sandbox import (
@@ -354,6 +355,31 @@ def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.D
             run(Sandbox.start(SandboxSpec(tag)))
     finally:
         client.images.remove(tag, force=True)
+
+
+def test_a_container_removed_while_the_daemon_starts_is_the_same_clear_error() -> None:
+    """The race the test above can hit: the main process died and Docker's auto-removal is under way, so the exec
+    fails with a 500 ("is not running: Removal In Progress"), not a 404 or 409."""
+    from terminus_env.sandbox.channel import _start_daemon
+
+    class Api:
+        def exec_create(self, *args: object, **kwargs: object) -> dict:
+            return {"Id": "e1"}
+
+        def exec_start(self, *args: object, **kwargs: object) -> None:
+            response = requests.Response()
+            response.status_code = 500
+            explanation = "Container c1 is not running: Removal In Progress"
+            raise docker.errors.APIError("500 Server Error", response, explanation)
+
+        def inspect_container(self, container_id: str) -> dict:
+            raise docker.errors.NotFound("No such container: c1")
+
+    class Client:
+        api = Api()
+
+    with pytest.raises(SandboxError, match="stopped as soon as it started: its main process needs python3"):
+        _start_daemon(Client(), "c1" * 32, [])  # type: ignore[arg-type]
 
 
 def test_pool_skips_a_warm_sandbox_that_died(run: Runner, client: docker.DockerClient) -> None:

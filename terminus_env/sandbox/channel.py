@@ -162,6 +162,13 @@ class Channel:
         await asyncio.gather(self._pump, return_exceptions=True)
 
 
+def _running(client: docker.DockerClient, container_id: str) -> bool:
+    try:
+        return bool(client.api.inspect_container(container_id)["State"]["Running"])
+    except docker.errors.APIError:  # NotFound included: removed
+        return False
+
+
 def _start_daemon(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
     """Exec the daemon and return a private duplicate of the hijacked socket, ready for asyncio."""
     try:
@@ -171,7 +178,9 @@ def _start_daemon(client: docker.DockerClient, container_id: str, argv: list[str
         )["Id"]  # fmt: skip
         raw = client.api.exec_start(exec_id, socket=True)
     except docker.errors.APIError as exc:
-        if exc.status_code in (404, 409):  # gone or not running: the main process died at once
+        # Gone or not running: the main process died at once. Docker says so with 404 or 409, or with a 500 while
+        # the auto-removal runs ("is not running: Removal In Progress"), so ask the container itself.
+        if exc.status_code in (404, 409) or not _running(client, container_id):
             raise SandboxError(
                 f"container {container_id[:12]} stopped as soon as it started: its main process needs python3 with "
                 "ctypes in the image; add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build "
