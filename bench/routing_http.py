@@ -384,7 +384,7 @@ def report(files: Sequence[Path]) -> str:
                          virtual[seed])
         for key, r in seed_rows.items():
             groups.setdefault(key, []).append({**r, "reference": reference, "seed": seed})
-    head = (f"{'row':<44}{'cap':<10}{'runs':>5}{'seeds':>7}{'makespan s':>11}{'x clairv':>9}{'out tok/s':>10}"
+    head = (f"{'row':<44}{'cap':<10}{'runs':>5}{'seeds':>11}{'makespan s':>11}{'x clairv':>9}{'out tok/s':>10}"
             f"{'% preempt':>10}{'prefix hit':>11}{'stay':>6}{'+lat ms':>8}{'lag/mksp':>9}")
     lines = [head, "-" * len(head)]
     means = {}
@@ -395,7 +395,7 @@ def report(files: Sequence[Path]) -> str:
         means[label, cap] = mean(lambda r: r["makespan_s"])
         lat = latency.get("ours" if cap == "adaptive" else label)
         lines.append(
-            f"{label:<44}{cap:<10}{len(group):>5}{','.join(sorted({str(r['seed']) for r in group})):>7}"
+            f"{label:<44}{cap:<10}{len(group):>5}{','.join(sorted({str(r['seed']) for r in group})):>11}"
             f"{means[label, cap]:>11.1f}{mean(lambda r: r['makespan_s'] / r['reference']):>9.2f}"
             f"{mean(lambda r: r['output_tokens'] / r['makespan_s']):>10.0f}"
             f"{mean(lambda r: 100 * r['replicas']['preemptions'] / r['requests']):>10.2f}"

@@ -119,7 +119,7 @@ def test_the_report_judges_the_means_of_several_runs(tmp_path: Path) -> None:
         files[-1].write_text(json.dumps({"setup": {"workload": {"seed": seed}}, "latency_ms": {"ours": 0.1},
                                          "rows": rows}))
     out = bench.report(files)
-    assert f"{ours:<44}adaptive      2    0,1      450.0     1.08" in out  # (400/380 + 500/450) / 2
+    assert f"{ours:<44}adaptive      2        0,1      450.0     1.08" in out  # (400/380 + 500/450) / 2
     assert "[met] ours >= 1.10x faster than vllm-router cache_aware as deployed (its better cap): 1.11x" in out
     assert "[met] ours faster than every router policy and cap: 1.02x" in out  # sticky: (390 + 530) / 2 = 460
     assert "[met] ours within 1.10x of the clairvoyant-order makespan: 1.08x" in out
@@ -128,7 +128,7 @@ def test_the_report_judges_the_means_of_several_runs(tmp_path: Path) -> None:
     rerun = tmp_path / "rerun1.json"  # seed 1's sticky row again: it replaces that row, the rest of seed 1 stays
     rerun.write_text(json.dumps({"setup": {"workload": {"seed": 1}}, "rows": [_row(sticky, "fixed", 410)]}))
     out = bench.report([*files, rerun])
-    assert f"{sticky:<44}fixed         2    0,1      400.0     0.97" in out  # (390/380 + 410/450) / 2
+    assert f"{sticky:<44}fixed         2        0,1      400.0     0.97" in out  # (390/380 + 410/450) / 2
     assert "[NOT met] ours faster than every router policy and cap: 0.89x" in out
 
 
