@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+from routing_lab.http_run import finish_session
 from routing_lab.processes import Processes, RouterSpec
 
 from terminus_env.serving.sim.engine import SimConfig
@@ -43,7 +44,7 @@ async def probe(url: str, header: str, finish: bool) -> None:
             ended = []
             for i in range(8):
                 ended.append(await turn(http, url, header, f"ended-{i}", 2))
-                (await http.post(f"{url}/finish_session", params={"session_id": f"ended-{i}"})).raise_for_status()
+                await finish_session(http, url, f"ended-{i}")
             print("8 sessions one after another, each ended with /finish_session (as deployed):", ended)
 
 

@@ -209,11 +209,17 @@ async def _serve_router(spec: RouterSpec, router_url: str, limit: int, urls: lis
 
 def run_twin(spec: PoolSpec, setup: Setup, twins: Sequence[Sequence[RolloutPlan]]) -> ClusterResult:
     """The same pool configuration on the same token streams, in virtual time."""
+    return run_virtual(setup, twins, spec.policy, spec.rebalance, our_admission(spec, setup, twins))
+
+
+def run_virtual(setup: Setup, plans: Sequence[Sequence[RolloutPlan]], policy: str, rebalance: bool,
+                admission: Admission) -> ClusterResult:
+    """Plans through the production ``Scheduler`` on a virtual-time cluster shaped like the HTTP run's."""
     config = ClusterConfig(num_replicas=setup.replicas, engine=setup.engine, max_async_steps=setup.async_steps)
     cluster = Cluster(config)
-    router = Router(cluster.replica_names, spec.policy, clock=cluster.clock, rebalance=spec.rebalance,
+    router = Router(cluster.replica_names, policy, clock=cluster.clock, rebalance=rebalance,
                     metrics_max_age_s=5.0)  # the pool's max(5 s, 3 scrapes) at one scrape per second
-    return cluster.run(twins, Scheduler(router, our_admission(spec, setup, twins)))
+    return cluster.run(plans, Scheduler(router, admission))
 
 
 # -- the router's added latency -----------------------------------------------------------------------

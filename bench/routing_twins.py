@@ -21,6 +21,7 @@ figure moves from noise alone, which is what a difference between two rows on on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -32,12 +33,9 @@ from pathlib import Path
 import numpy as np
 import routing as vt
 import routing_http as http
-from routing_lab.cluster import Cluster, ClusterConfig
 from routing_lab.workload import RolloutPlan, WorkloadConfig
 
 from terminus_env.serving.admission import Admission, FixedAdmission
-from terminus_env.serving.router import Router
-from terminus_env.serving.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -72,20 +70,21 @@ def setup_for(seed: int) -> http.Setup:
     return http.Setup(4, vt.ENGINE, WorkloadConfig(seed=seed), 2, 0.5)
 
 
+@functools.cache
+def exact_plans(setup: http.Setup) -> list[list[RolloutPlan]]:
+    """The HTTP run's token-exact plans for a setup, built once per process."""
+    return http.workload(setup)[1]
+
+
 def run(twin: Twin, setup: http.Setup, jitter: float, draw: int) -> tuple[float, float]:
     """One twin on one (jittered) workload: its makespan in simulated seconds and its preemption rate."""
-    _, exact = http.workload(setup)
-    plans = jittered(exact, jitter, draw)
-    cluster = Cluster(ClusterConfig(num_replicas=setup.replicas, engine=setup.engine,
-                                    max_async_steps=setup.async_steps))
+    exact = exact_plans(setup)
     admission: Admission
     if twin.cap == "fixed":
         admission = FixedAdmission(http.fixed_limit(setup, exact))
     else:
         admission = http.our_admission(http.PoolSpec(oracle=twin.oracle), setup, exact)
-    router = Router(cluster.replica_names, twin.policy, clock=cluster.clock, rebalance=twin.rebalance,
-                    metrics_max_age_s=5.0)  # as routing_http.run_twin: the pool's staleness at one scrape a second
-    result = cluster.run(plans, Scheduler(router, admission))
+    result = http.run_virtual(setup, jittered(exact, jitter, draw), twin.policy, twin.rebalance, admission)
     return result.makespan_s, result.preemption_rate
 
 

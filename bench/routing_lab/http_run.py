@@ -65,8 +65,7 @@ class RouterEndpoint:
                 yield
             finally:
                 if self._finish_sessions:
-                    response = await self._http.post("/finish_session", params={"session_id": rollout.rollout_id})
-                    response.raise_for_status()
+                    await finish_session(self._http, "", rollout.rollout_id)
 
     async def chat(self, rollout: ChatRollout, turn: int, messages: list[dict]) -> Turn:
         body = request_body(self._model, messages, rollout, turn if self._forced else None)
@@ -82,6 +81,12 @@ class RouterEndpoint:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+async def finish_session(http: httpx.AsyncClient, router_url: str, session_id: str) -> None:
+    """Tell vllm-router that a session ended, as its users' gateways do when a trajectory ends."""
+    response = await http.post(f"{router_url}/finish_session", params={"session_id": session_id})
+    response.raise_for_status()
 
 
 class PoolEndpoint:
