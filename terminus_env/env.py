@@ -31,11 +31,14 @@ from terminus_env.protocol import MAX_COMMAND_DURATION, ParsedReply, Strictness,
 from terminus_env.rules import (
     Counters,
     EndReason,
+    Failure,
     Fault,
     Reply,
+    TamperPolicy,
     TurnLimits,
     Verdict,
     as_reply,
+    ending_after,
     judge_after_commands,
     judge_reply,
 )
@@ -47,10 +50,11 @@ from terminus_env.sandbox import (
     SandboxError,
     SandboxLost,
     SandboxPool,
+    TerminalGone,
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
 
-__all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TerminusEnv"]
+__all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TamperPolicy", "TerminusEnv"]
 
 Mode = Literal["train", "eval"]
 MAX_TEXT_LENGTH = 1 << 20
@@ -78,6 +82,9 @@ class EpisodeSummary:
     """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
     failure: str | None = None
     """The verifier's first failing test and its assertion (`GradeResult.failure`)."""
+    tampering: tuple[dict[str, str], ...] = ()
+    """What the verifier ran that the agent changed in the verifier's runtime: ``{"kind", "path", "detail"}`` each
+    (``sandbox/tamper.py``). In train mode (``TamperPolicy.FAIL``) such an episode ends ``tampered``."""
 
 
 @dataclass
@@ -129,6 +136,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         confirm_completion: bool = True,
         sandbox_pool: SandboxPool | None = None,
         environ: Mapping[str, str] | None = None,
+        tamper: TamperPolicy | str | None = None,
     ) -> None:
         if max_turn_tokens <= 0:
             raise ValueError(f"max_turn_tokens must be positive, got {max_turn_tokens}")
@@ -140,6 +148,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             mode, strict_format=strict_format, strict_truncation=strict_truncation, environ=environ
         )
         self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion)
+        self.tamper = TamperPolicy(tamper) if tamper is not None else TamperPolicy.for_mode(mode)
         self.observation_space = _text_space()
         self.action_space = _text_space()
         self._pool = sandbox_pool
@@ -279,15 +288,9 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     # ----- endings -----------------------------------------------------------------------------
     async def _end_on_failure(self, episode: _Episode, exc: SandboxError) -> _Outcome:
         """A sandbox failure mid-turn: the agent's doing ends it as the agent's failure, anything else masked."""
-        sandbox = episode.sandbox
-        violation = sandbox.violation if sandbox is not None else None
-        if violation is not None or isinstance(exc, (DiskLimitExceeded, ResourcesExhausted)):
-            return await self._end(episode, EndReason.RESOURCE_LIMIT, error=str(violation or exc))
-        if isinstance(exc, SandboxLost) and await _daemon_killed_inside(sandbox):
-            return await self._end(episode, EndReason.RESOURCE_LIMIT, error=f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, AgentCaused):
-            return await self._end(episode, EndReason.SHELL_LOST, error=f"{type(exc).__name__}: {exc}")
-        return await self._end(episode, EndReason.ENV_ERROR, error=f"{type(exc).__name__}: {exc}")
+        violation = episode.sandbox.violation if episode.sandbox is not None else None
+        reason = ending_after(await _failure(episode.sandbox, exc), grading=False)
+        return await self._end(episode, reason, error=str(violation) if violation else f"{type(exc).__name__}: {exc}")
 
     async def _end(
         self,
@@ -299,7 +302,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         error: str | None = None,
     ) -> _Outcome:
         """Finish the episode; graded endings run the verifier, as in Harbor, unless the agent broke a limit."""
-        reward, grade_reason, failure, graded = 0.0, None, None, reason.graded
+        reward, grade_reason, failure, graded, tampering = 0.0, None, None, reason.graded, ()
         if graded:
             started = time.monotonic()
             try:
@@ -309,12 +312,15 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                 else:
                     result = await grade(_sandbox(episode), self.task)
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
-            except ResourcesExhausted as exc:  # the agent's processes starved the verifier of pids or memory
-                reason, graded, error = EndReason.RESOURCE_LIMIT, False, f"the verifier was starved: {exc}"
-            except SandboxError as exc:
-                error = f"grading failed: {type(exc).__name__}: {exc}"
-                graded = False  # an agent's failure stays the agent's (reward 0); anything else is masked
-                reason = reason if reason.fault is Fault.AGENT else EndReason.ENV_ERROR
+                    tampering = tuple(finding.as_dict() for finding in result.tampering)
+                    if tampering and self.tamper is TamperPolicy.FAIL:
+                        reason, graded, reward = EndReason.TAMPERED, False, 0.0
+            except SandboxError as exc:  # the agent's processes may have starved or broken the verifier
+                reason = ending_after(await _failure(episode.sandbox, exc), grading=True, reason=reason)
+                graded = False
+                starved = reason is EndReason.RESOURCE_LIMIT
+                what = "the verifier was starved" if starved else f"grading failed: {type(exc).__name__}"
+                error = f"{what}: {exc}"
             self._timings["grade"].append(time.monotonic() - started)
         counters = episode.counters
         episode.summary = EpisodeSummary(
@@ -333,6 +339,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             error=error,
             fault=reason.fault,
             failure=failure,
+            tampering=tampering,
         )
         await self._release_sandbox(keep_episode=True)
         return _Outcome(
@@ -404,12 +411,17 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             await sandbox.close()
 
 
-async def _daemon_killed_inside(sandbox: Sandbox | None) -> bool:
-    """The control daemon died while its container still runs, with no traceback of ours: nothing but the
-    agent's memory pressure (the OOM killer) can do that, since the agent cannot see or signal it."""
-    if sandbox is None or "Traceback" in sandbox.daemon_stderr:
-        return False
-    return await sandbox.container_running()
+async def _failure(sandbox: Sandbox | None, exc: SandboxError) -> Failure:
+    """What the host can show about a sandbox failure: the rules (``ending_after``) decide whose fault it was."""
+    if isinstance(exc, (ResourcesExhausted, DiskLimitExceeded)) or (sandbox is not None and sandbox.violation):
+        return Failure.AGENT_LIMIT
+    if isinstance(exc, SandboxLost) and sandbox is not None and await sandbox.lost_to_agent():
+        return Failure.AGENT_LIMIT
+    if isinstance(exc, TerminalGone):
+        return Failure.TERMINAL_LOST
+    if isinstance(exc, AgentCaused):
+        return Failure.AGENT_BROKE
+    return Failure.INFRASTRUCTURE
 
 
 def _sandbox(episode: _Episode) -> Sandbox:

@@ -34,6 +34,10 @@ class BatchMetrics:
     mean_turns: float
     env_errors: int
     end_reasons: dict[str, int] = field(default_factory=dict)
+    tampered_count: int = 0
+    tamper_rate: float = 0.0
+    """The share of scored episodes whose verifier ran something the agent changed in its runtime: a policy learning
+    to cheat shows here first, in training (where they score 0) and in evaluation (where they are only reported)."""
     drifted_turns: int = 0
     realigned_tokens: int = 0
     drifted_rollouts: int = 0
@@ -55,6 +59,7 @@ def aggregate(episodes: Iterable[Any], drift: DriftCounts | None = None) -> Batc
     n = len(scored)
     rescued = sum(1 for r in scored if r["format_errors"] > 0 and r["reward"] > 0)
     truncated = sum(int(r["truncated_turns"]) for r in scored)
+    tampered = sum(1 for r in scored if r.get("tampering"))
     return BatchMetrics(
         episodes=len(rows),
         mean_reward=_mean(r["reward"] for r in scored),
@@ -67,6 +72,8 @@ def aggregate(episodes: Iterable[Any], drift: DriftCounts | None = None) -> Batc
         mean_turns=_mean(r["turns"] for r in scored),
         env_errors=len(rows) - n,
         end_reasons=dict(Counter(str(r["end_reason"]) for r in rows)),
+        tampered_count=tampered,
+        tamper_rate=tampered / n if n else 0.0,
         drifted_turns=drift.drifted_turns,
         realigned_tokens=drift.realigned_tokens,
         drifted_rollouts=drift.drifted_rollouts,

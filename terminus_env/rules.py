@@ -10,21 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import Enum
 
+from terminus_env.named import Named as _Named
 from terminus_env.protocol import ParsedReply, Strictness, parse_reply, prompts, salvage_truncated
-
-
-class _Named(str, Enum):
-    """A ``str`` that prints, formats, compares and serialises as its plain value on every Python version."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-    __hash__ = str.__hash__  # so a dict keyed by members equals one keyed by the plain names
 
 
 class Fault(_Named):
@@ -46,6 +34,8 @@ class EndReason(_Named):
     TURN_TRUNCATED = "turn_truncated"
     CONTEXT_LIMIT = "context_limit"
     RESOURCE_LIMIT = "resource_limit"
+    VERIFIER_BROKEN = "verifier_broken"
+    TAMPERED = "tampered"
     ENV_ERROR = "env_error"
 
     @property
@@ -88,9 +78,18 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
         False, False, Fault.AGENT,
         "the agent exhausted its sandbox: wrote more than `storage_mb`, or left no pid or memory for the verifier",
     ),
+    EndReason.VERIFIER_BROKEN: (
+        False, False, Fault.AGENT,
+        "the agent left the container unable to verify: removed or broke the verifier's shell, its user, its folders",
+    ),
+    EndReason.TAMPERED: (
+        False, False, Fault.AGENT,
+        "train (by default): the verifier ran something the agent changed in the verifier's own runtime (its "
+        "interpreters, libraries, test runner and their configuration; `info['episode']['tampering']`)",
+    ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
-        "the container or its control daemon was lost, Docker failed, a sandbox did not start",
+        "Docker failed, the host's side raised, a sandbox did not start, the container was stopped from outside",
     ),
 }  # fmt: skip
 
@@ -137,6 +136,49 @@ def as_reply(action: object) -> Reply:
         return Reply(text=action)
     hint = " (decode bytes first)" if isinstance(action, (bytes, bytearray)) else ""
     raise TypeError(f"an action is the model's reply: a str or a terminus_env.Reply, not {type(action).__name__}{hint}")
+
+
+class Failure(_Named):
+    """What the host can show about a sandbox failure (``ending_after`` turns it into an end reason)."""
+
+    AGENT_LIMIT = "agent_limit"
+    """The agent's processes exhausted the sandbox: pids, memory (the OOM killer took the daemon), disk."""
+    AGENT_BROKE = "agent_broke"
+    """What the agent did to the container made a request impossible (a program, user or folder it removed)."""
+    TERMINAL_LOST = "terminal_lost"
+    """The agent's shell or its tmux server is gone."""
+    INFRASTRUCTURE = "infrastructure"
+    """Docker failed, the host's side raised, or the container was stopped from outside."""
+
+
+def ending_after(failure: Failure, *, grading: bool, reason: EndReason | None = None) -> EndReason:
+    """How an episode ends after a sandbox failure, in a turn or while grading the ending ``reason``.
+
+    Fail closed: only what the host can show was the infrastructure's is masked. An ending that was already the
+    agent's fault stays the agent's whatever fails while grading it."""
+    if failure is Failure.AGENT_LIMIT:
+        return EndReason.RESOURCE_LIMIT
+    if failure is Failure.AGENT_BROKE:
+        return EndReason.VERIFIER_BROKEN if grading else EndReason.SHELL_LOST
+    if failure is Failure.TERMINAL_LOST:
+        return EndReason.SHELL_LOST
+    if grading and reason is not None and reason.fault is Fault.AGENT:
+        return reason
+    return EndReason.ENV_ERROR
+
+
+class TamperPolicy(_Named):
+    """What a verifier run that the agent tampered with (``sandbox/tamper.py``) does to the episode."""
+
+    FAIL = "fail"
+    """End ``tampered``: reward 0, the agent's fault (training's default: a cheat must never earn reward)."""
+    REPORT = "report"
+    """Keep the verifier's reward and list the findings beside it (evaluation's default, comparable with public
+    results, whose harnesses do not look)."""
+
+    @classmethod
+    def for_mode(cls, mode: str) -> TamperPolicy:
+        return cls.FAIL if mode == "train" else cls.REPORT
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,6 @@ def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory):
     (root / "instruction.md").write_text("Write the word hello (and a newline) into /app/hello.txt.\n")
     (root / "environment" / "Dockerfile").write_text("FROM terminus-env/base:bookworm\nWORKDIR /app\n")
     (root / "tests" / "test.sh").write_text(TINY_TEST)
-    (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > hello.txt\n")  # in WORKDIR /app
     return root
 

@@ -80,6 +80,35 @@ def test_oracle_earns_1_and_doing_nothing_earns_0(name: str, client: docker.Dock
     assert nothing_left(client, os.getpid())
 
 
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_the_shell_the_oracle_and_the_verifier_start_in_the_images_workdir(
+    name: str, client: docker.DockerClient
+) -> None:
+    """Harbor starts the agent's shell, the oracle and the verifier with `docker exec` and no working folder: in
+    the image's WORKDIR, unless the task names one. Every compatibility solution writes to a relative path, so a
+    start anywhere else fails its oracle; here the three are asked directly, and the first prompt shows it."""
+    task = load_task(COMPAT / name)
+
+    async def scenario() -> tuple[str, str, str, str, str]:
+        image = await task_image(task)
+        expected = task.workdir or client.api.inspect_image(image)["Config"]["WorkingDir"] or "/"
+        sandbox = await Sandbox.start(task.sandbox_spec(image))
+        try:
+            first = await sandbox.terminal.screen()
+            await sandbox.terminal.send("pwd\n", 5)
+            shell = (await sandbox.terminal.capture_new()).text
+            oracle = (await sandbox.exec("pwd", 10)).output.strip()
+            verifier = (await sandbox.verify(b"", "pwd", 10, user="root")).result.output.strip()
+            return expected, first, shell, oracle, verifier
+        finally:
+            await sandbox.close()
+
+    expected, first, shell, oracle, verifier = asyncio.run(scenario())
+    assert expected not in ("", "/"), "each compatibility image sets a WORKDIR"
+    assert f":{expected}#" in first and f"\n{expected}\n" in shell, (first, shell)
+    assert oracle == verifier == expected
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_what_cannot_run_is_refused_by_name(name: str) -> None:
     with pytest.raises(TaskError, match=REFUSED[name]) as refusal:

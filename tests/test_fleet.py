@@ -290,21 +290,21 @@ def test_eval_command_runs_on_the_cluster(nodes: TwoNodes, tmp_path: Path) -> No
 
 
 def test_a_lost_host_answers_like_a_vanished_container(nodes: TwoNodes, run: Runner, tiny_task_dir: Path) -> None:
-    """After its host died, a sandbox says its container is not running, so the env masks the episode."""
+    """After its host died, a sandbox says the loss was not the agent's doing, so the env masks the episode."""
     task = load_task(tiny_task_dir)
 
     async def scenario() -> tuple[bool, bool, str]:
         async with pool_of() as pool:
             spec = task.sandbox_spec(await pool.build_image(task.build_context, task.name, 300))
             sandbox = await pool.acquire(spec)
-            assert await sandbox.container_running()
+            assert sandbox.alive
             os.kill(sandbox.host.info.pid, signal.SIGKILL)
             with pytest.raises(SandboxLost, match="is gone"):
                 await sandbox.terminal.send("echo hi\n", 5)
-            running, alive = await sandbox.container_running(), sandbox.alive
+            agents, alive = await sandbox.lost_to_agent(), sandbox.alive
             await pool.release(sandbox)
             await pool.refresh()
-            return running, alive, sandbox.daemon_stderr
+            return agents, alive, sandbox.daemon_stderr
 
     assert run(scenario()) == (False, False, "")
 

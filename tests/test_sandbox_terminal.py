@@ -163,11 +163,21 @@ def test_a_killed_container_is_a_lost_sandbox_not_the_agents_doing(run: Runner) 
 
 
 def test_terminal_recovers_when_its_tmux_control_client_dies(run: Runner, sandbox: Sandbox) -> None:
-    step(run, sandbox, "echo before-control-loss\n", 5)  # the agent attaches its control client on first use
-    killed = run(sandbox.exec("pkill -f 'tmu[x] -L terminus -f /dev/null -C' && echo killed", 5))
-    assert killed.output == "killed\n", killed
+    """The daemon's control client is out of the agent's sight (its own PID namespace), but the agent can still
+    detach it through the tmux server; the daemon then attaches a new one."""
+    step(run, sandbox, "echo before-control-loss\n", 5)  # the daemon attaches its control client on first use
+    unseen = run(sandbox.exec("pkill -f 'tmu[x] -L terminus -f /dev/null -C'; echo status=$?", 5))
+    assert unseen.output == "status=1\n", unseen
+    detached = run(sandbox.exec("tmux -L terminus detach-client -s main && echo detached", 5))
+    assert detached.output == "detached\n", detached
     _, text = step(run, sandbox, "echo after-control-loss\n", 5)
     assert "\nafter-control-loss\n" in text
+    client = docker.from_env()
+    try:
+        clients = client.containers.get(sandbox.id).exec_run(["pgrep", "-fc", "tmu[x] -L terminus -f /dev/null -C"])
+    finally:
+        client.close()
+    assert clients.output.decode().strip() == "1", "a new control client serves the terminal, seen from outside"
 
 
 def test_terminal_runs_as_the_spec_user(run: Runner) -> None:

@@ -335,7 +335,13 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
     m = aggregate([r.summary for r in contents.rollouts if r.summary is not None])
     out.write(f"{report.rollouts} rollouts · {report.invalid} invalid (env errors, broken tasks) · format "
               f"errors/rollout {m.mean_format_errors:.2f} · opening streak {m.mean_opening_streak:.2f} · rescued "
-              f"{m.rescued_count}\n")  # fmt: skip
+              f"{m.rescued_count} · tampered {m.tampered_count}\n")  # fmt: skip
+    tampered = [r for r in contents.rollouts if r.summary and r.summary.get("tampering")]
+    if tampered:
+        out.write("tampered (the verifier ran what the agent changed in its runtime; the scores above keep them):\n")
+        for r in tampered:
+            paths = ", ".join(f"{f['kind']} {f['path']}".strip() for f in r.summary["tampering"])  # type: ignore[index]
+            out.write(f"  {r.task} #{r.trial}: {paths}\n")
     out.flush()
 
 

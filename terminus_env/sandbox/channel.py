@@ -18,7 +18,7 @@ from typing import Any
 
 import docker
 
-from terminus_env.sandbox.errors import ResourcesExhausted, SandboxError, SandboxLost
+from terminus_env.sandbox.errors import BrokenByAgent, ResourcesExhausted, SandboxError, SandboxLost
 
 # Package data, read through importlib.resources so it is found wherever the package is installed.
 DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").read_text(encoding="utf-8")
@@ -103,6 +103,8 @@ class Channel:
         if not reply.get("ok"):
             if reply.get("spawn_errno") in _EXHAUSTED:
                 raise ResourcesExhausted(f"nothing more can start in the sandbox ({reply.get('error')})")
+            if reply.get("blame") == "agent":
+                raise BrokenByAgent(f"the sandbox could not do {op!r} after what the agent did: {reply.get('error')}")
             raise SandboxError(f"the sandbox daemon failed on {op!r}: {reply.get('error')}")
         return reply
 

@@ -35,6 +35,7 @@ import base64
 import ctypes
 import errno
 import fcntl
+import glob
 import grp
 import io
 import json
@@ -44,9 +45,9 @@ import pwd
 import queue
 import resource
 import select
-import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import tarfile
@@ -59,10 +60,12 @@ FIONREAD = 0x541B
 TIOCOUTQ = 0x5411
 POLL_S = 0.002
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
-AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes
+AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes,
+SIDE_OOM_SCORE = 900  # then the verifier's and the terminal's: the daemon, main and init (0) come last
 CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"  # the main process's source arrives in this variable (see channel.py)
 LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's log
-RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the agent's init pid and how the entrypoint started
+RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the report of the container's split
+SPLIT_REPORT = RUN_DIR + "/split"
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
 # Only the daemon keeps these; everything it or the main process starts runs without them.
@@ -135,8 +138,9 @@ def own_capabilities():
 # ----- seccomp: Docker's rules for a container without CAP_SYS_ADMIN, on top of the container's own -----------
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7}
-# The syscalls Docker's default profile allows only with CAP_SYS_ADMIN, by ABI. clone is allowed without
-# namespace flags; clone3 cannot be inspected, so it answers ENOSYS and libc falls back to clone.
+# The syscalls Docker's default profile allows only with CAP_SYS_ADMIN, by ABI, and the io_uring calls, which its
+# current profile denies to every container (they bypass seccomp's view of the calls they submit). clone is
+# allowed without namespace flags; clone3 cannot be inspected, so it answers ENOSYS and libc falls back to clone.
 _SYSCALLS = {
     # name: (x86_64, i386, aarch64); None where the ABI has no such call
     "clone": (56, 120, 220), "clone3": (435, 435, 435), "unshare": (272, 310, 97), "setns": (308, 346, 268),
@@ -146,7 +150,8 @@ _SYSCALLS = {
     "quotactl_fd": (443, 443, 443), "setdomainname": (171, 121, 162), "sethostname": (170, 74, 161),
     "syslog": (103, 103, 116), "open_tree": (428, 428, 428), "move_mount": (429, 429, 429),
     "fsopen": (430, 430, 430), "fsconfig": (431, 431, 431), "fsmount": (432, 432, 432), "fspick": (433, 433, 433),
-    "mount_setattr": (442, 442, 442),
+    "mount_setattr": (442, 442, 442), "io_uring_setup": (425, 425, 425), "io_uring_enter": (426, 426, 426),
+    "io_uring_register": (427, 427, 427),
 }  # fmt: skip
 _ABI_COLUMN = {"x86_64": 0, "i386": 1, "aarch64": 2}
 _NATIVE_ABIS = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64",)}
@@ -213,15 +218,17 @@ def install_seccomp(program):
                     ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl(PR_SET_SECCOMP)")  # fmt: skip
 
 
-def confine(keep, program):
-    """Keep only the capabilities ``keep`` for good (bounding, effective, permitted), then add the filter."""
-    for cap in sorted(own_capabilities() - keep):
+def confine(keep, program, current=None):
+    """Keep only the capabilities ``keep`` for good (bounding, effective, permitted), then add the filter.
+    ``current``: this process's bounding set, where it has no /proc to read it from."""
+    current = own_capabilities() if current is None else current
+    for cap in sorted(current - keep):
         prctl(PR_CAPBSET_DROP, cap)
     try:
         prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError:  # kernels before 4.3 have no ambient set
         pass
-    capset(keep & own_capabilities())
+    capset(keep & current)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     install_seccomp(program)
 
@@ -319,8 +326,11 @@ def _zombie(pid):
 def credentials(user):
     """(uid, gid, groups, home, name) for 'name', 'uid', 'name:group' or 'uid:gid'.
 
-    Called only in a confined child: the lookup may load NSS modules from files the agent can write.
+    Called only in a confined child: the lookup may load NSS modules from files the agent can write. Root needs no
+    lookup at all, so a verifier running as root starts whatever the agent did to /etc/passwd.
     """
+    if user in ("root", "0", "0:0", "root:root"):
+        return 0, 0, [0], "/root", "root"
     name, _, group = user.partition(":")
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
@@ -338,12 +348,18 @@ def credentials(user):
     return uid, gid, groups, home, entry.pw_name if entry else str(uid)
 
 
+AGENT_STAGES = ("user", "workdir", "exec")
+"""The steps of starting a process that read what the agent controls (its users, folders and programs): a failure
+there is the agent's doing. Every other step is the daemon's own."""
+
+
 class SpawnError(Exception):
     """A process could not be started: which step failed, and why (``errno`` when the kernel refused a fork)."""
 
-    def __init__(self, message, code=None):
+    def __init__(self, message, code=None, stage=None):
         super().__init__(message)
         self.errno = code
+        self.stage = stage
 
 
 class Child:
@@ -384,22 +400,32 @@ def _exit_code(status):
 
 
 class Spawner:
-    """Starts programs on the agent's side (in its namespaces) or the host's side, always confined."""
+    """Starts programs, always confined, on one of three sides:
 
-    def __init__(self, agent_init, program, file_limit=0):
+    - ``agent``: in the agent's PID and mount namespaces, as the agent could have started it;
+    - ``verifier``: in the verifier's namespaces: a PID namespace above the agent's (it sees the agent's processes,
+      never the daemon or the container's main process) and the host's mounts, with a /proc of its own;
+    - ``terminal``: in the agent's mount namespace but in a new PID namespace of its own, so that nothing on the
+      agent's side can see, signal or trace it (the daemon's tmux control client).
+    """
+
+    def __init__(self, agent_init, verifier_init, program, file_limit=0):
         self.program = program
         self.agent_rlimits = ((resource.RLIMIT_FSIZE, file_limit),) if file_limit else ()
         self.agent_caps = agent_capabilities()
+        self.own_caps = own_capabilities()  # what a child starts with (the terminal's side has no /proc to ask)
         self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        self.namespaces = None
-        if agent_init is not None:
-            self.namespaces = [
-                (os.open("/proc/{}/ns/{}".format(agent_init, kind), os.O_RDONLY | os.O_CLOEXEC), flag)
-                for kind, flag in (("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS))
-            ]
+        self.namespaces = {
+            "agent": _namespace_fds(agent_init, ("pid", "mnt")),
+            "verifier": _namespace_fds(verifier_init, ("pid", "mnt")),
+            "terminal": _namespace_fds(agent_init, ("mnt",)),
+        }
 
     def spawn(self, argv, side, stdio, user=None, env=None, cwd=None, rlimits=()):
         """Start ``argv`` with ``stdio`` (three fds, or None for /dev/null); raise SpawnError if it cannot start."""
+        if side not in self.namespaces:
+            raise ValueError("side must be one of {}".format(", ".join(sorted(self.namespaces))))
+        namespaces = self.namespaces[side]
         stdio = [self.devnull if fd is None else fd for fd in stdio]
         environ = dict(os.environ)
         environ.update(env or {})
@@ -409,24 +435,28 @@ class Spawner:
         except OSError as exc:
             os.close(read_end)
             os.close(write_end)
-            raise SpawnError("fork: {}".format(exc), exc.errno) from None
+            raise SpawnError("fork: {}".format(exc), exc.errno, "fork") from None
         if pid == 0:  # only async-safe work from here: no locks, no imports, never return
             try:
-                keep = [write_end] + stdio
-                _close_fds_except(keep + ([fd for fd, _ in self.namespaces] if side == "agent" else []))
-                if side == "agent":
-                    for fd, flag in self.namespaces:
-                        setns(fd, flag)
-                        os.close(fd)
-                    grandchild = os.fork()  # the first process that is inside the agent's PID namespace
-                    if grandchild == 0:
-                        limits = tuple(rlimits) + self.agent_rlimits
-                        self._become(argv, stdio, user, environ, cwd, limits, write_end, AGENT_OOM_SCORE)
-                    os.close(write_end)
-                    for fd in set(stdio):
-                        os.close(fd)
-                    os._exit(_exit_code(os.waitpid(grandchild, 0)[1]))
-                self._become(argv, stdio, user, environ, cwd, rlimits, write_end, 0)
+                _close_fds_except([write_end] + stdio + [fd for fd, _ in namespaces])
+                agent = side == "agent"
+                _set_oom_score("self", AGENT_OOM_SCORE if agent else SIDE_OOM_SCORE)  # inherited by the grandchild
+                for fd, flag in namespaces:
+                    setns(fd, flag)
+                    os.close(fd)
+                if side == "terminal":
+                    unshare(CLONE_NEWPID)
+                try:
+                    grandchild = os.fork()  # the first process inside the side's PID namespace
+                except OSError as exc:  # the pids limit: say so with the errno, as for the first fork
+                    _report_and_exit(write_end, "fork", exc)
+                if grandchild == 0:
+                    limits = tuple(rlimits) + (self.agent_rlimits if agent else ())
+                    self._become(argv, stdio, user, environ, cwd, limits, write_end)
+                os.close(write_end)
+                for fd in set(stdio):
+                    os.close(fd)
+                os._exit(_exit_code(os.waitpid(grandchild, 0)[1]))
             except BaseException as exc:  # noqa: BLE001 - report and leave; never unwind into the daemon
                 _report_and_exit(write_end, "setns", exc)
         os.close(write_end)
@@ -439,10 +469,11 @@ class Spawner:
         os.close(read_end)
         if message:
             Child(pid).wait()
-            raise SpawnError(message.decode("utf-8", "replace"))
+            stage, code, text = (message.decode("utf-8", "replace").split("\0", 2) + ["", ""])[:3]
+            raise SpawnError(text, int(code) if code.isdigit() and code != "0" else None, stage)
         return Child(pid)
 
-    def _become(self, argv, stdio, user, environ, cwd, rlimits, report, oom_score):
+    def _become(self, argv, stdio, user, environ, cwd, rlimits, report):
         stage = "stdio"
         try:
             copies = [os.dup(fd) for fd in stdio]
@@ -452,11 +483,8 @@ class Spawner:
             stage = "session"
             os.setsid()
             _restore_signals()
-            stage = "oom score"
-            with open("/proc/self/oom_score_adj", "w") as handle:  # while capable, so the floor moves too
-                handle.write(str(oom_score))
             stage = "confine"
-            confine(self.agent_caps, self.program)
+            confine(self.agent_caps, self.program, self.own_caps)
             stage = "limits"
             for which, value in rlimits:
                 resource.setrlimit(which, (value, value))
@@ -474,6 +502,11 @@ class Spawner:
             os.execvpe(argv[0], argv, environ)
         except BaseException as exc:  # noqa: BLE001 - report and leave; never unwind into the daemon
             _report_and_exit(report, stage, exc)
+
+
+def _namespace_fds(pid, kinds):
+    flags = {"pid": CLONE_NEWPID, "mnt": CLONE_NEWNS}
+    return [(os.open("/proc/{}/ns/{}".format(pid, kind), os.O_RDONLY | os.O_CLOEXEC), flags[kind]) for kind in kinds]
 
 
 def _restore_signals():
@@ -494,8 +527,14 @@ def stream_pair():
 
 def _close_fds_except(keep):
     keep = set(keep)
-    for entry in os.listdir("/proc/self/fd"):
-        fd = int(entry)
+    try:
+        fds = [int(entry) for entry in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc that shows this process (the terminal's side): close every range between
+        bounds = sorted(fd for fd in keep if fd > 2)
+        for low, high in zip([3] + [fd + 1 for fd in bounds], bounds + [os.sysconf("SC_OPEN_MAX")]):
+            os.closerange(low, high)
+        return
+    for fd in fds:
         if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
@@ -504,8 +543,11 @@ def _close_fds_except(keep):
 
 
 def _report_and_exit(fd, stage, exc):
+    """Say which step failed and why (with the kernel's errno, if any) on ``fd``, and leave."""
     try:
-        os.write(fd, "{}: {}: {}".format(stage, type(exc).__name__, exc).encode("utf-8", "replace")[:4000])
+        code = getattr(exc, "errno", None) or 0
+        text = "{}\0{}\0{}: {}: {}".format(stage, code, stage, type(exc).__name__, exc)
+        os.write(fd, text.encode("utf-8", "replace")[:4000])
     finally:
         os._exit(127)
 
@@ -565,7 +607,13 @@ def main_process(argv):
     """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER CUT_OFF -- COMMAND...``: split the container, run COMMAND
     on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's ENTRYPOINT (a
     file limit of 0 sets none). With CUT_OFF "1", first cut the container off the host (see cut_off_host). This
-    process itself runs as root whatever the image says: it needs its capabilities."""
+    process itself runs as root whatever the image says: it needs its capabilities.
+
+    The split, in order: a helper makes the verifier's PID namespace, whose init ("the verifier's init") makes the
+    agent's PID and mount namespaces; once those exist, this process mounts the host's private folders (so the
+    agent's side never has them) and lets the verifier's init copy the host's mounts into a mount namespace of its
+    own, with its own /proc. Every step reports a line on one pipe; the whole report lands in RUN_DIR/split.
+    """
     lifetime, handover, file_limit, user = float(argv[0]), float(argv[1]), int(argv[2]), argv[3]
     command = argv[6:]
     deadline = time.monotonic() + lifetime
@@ -575,30 +623,33 @@ def main_process(argv):
             cut_off_host()
         except OSError as exc:  # nothing of the task may run then: say so to the daemon, which tells the host
             os.makedirs(RUN_DIR, exist_ok=True)
-            _write_atomically(os.path.join(RUN_DIR, "agent-init"), "cannot cut the container off the host: {}\n"
-                              .format(exc).encode())  # fmt: skip
+            _write_atomically(SPLIT_REPORT, "cannot cut the container off the host: {}\n".format(exc).encode())
             time.sleep(lifetime)
             os._exit(1)
     program = seccomp_program()
     keep = agent_capabilities()
-    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted on either side reaches the other
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted on one side reaches another
     for path, _ in PRIVATE_MOUNTS:
         os.makedirs(path, exist_ok=True)
     read_end, write_end = os.pipe()
+    go_read, go_write = os.pipe()
     helper = os.fork()
     if helper == 0:
         try:
             os.close(read_end)
-            unshare(CLONE_NEWNS | CLONE_NEWPID)
+            os.close(go_write)
+            unshare(CLONE_NEWPID)
             init = os.fork()
             if init == 0:
-                agent_init(command, user, handover, keep, program, write_end, file_limit)
-            os.write(write_end, "pid {}\n".format(init).encode())
+                verifier_init(command, user, handover, keep, program, write_end, go_read, file_limit)
+            os.write(write_end, "verifier {}\n".format(init).encode())
             os.close(write_end)
+            os.close(go_read)
             os._exit(_exit_code(os.waitpid(init, 0)[1]))
         except BaseException as exc:  # noqa: BLE001
-            _report_and_exit(write_end, "agent namespaces", exc)
+            _report_and_exit(write_end, "verifier namespaces", exc)
     os.close(write_end)
+    os.close(go_read)
     report = b""
     mounted = False
     while True:
@@ -606,12 +657,16 @@ def main_process(argv):
         if not chunk:
             break
         report += chunk
-        if not mounted and b"pid " in report:  # the helper has unshared: the agent's side keeps the bare folders
+        if not mounted and b"agent-split" in report:  # the agent's side keeps the bare folders
             for path, options in PRIVATE_MOUNTS:
                 mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
             mounted = True
+            os.write(go_write, b"go")
+            os.close(go_write)
+    if not mounted:
+        os.close(go_write)
     os.close(read_end)
-    _write_atomically(os.path.join(RUN_DIR, "agent-init"), report)
+    _write_atomically(SPLIT_REPORT, report)
     confine(keep, program)
     for line in report.decode("utf-8", "replace").splitlines():  # the log's own lines, told apart by their prefix
         sys.stderr.write(LOG_PREFIX + line + "\n")
@@ -626,11 +681,45 @@ def main_process(argv):
     os._exit(0)
 
 
+def verifier_init(command, user, handover, keep, program, report, go, file_limit):
+    """PID 1 of the verifier's namespace. It starts the agent's side, waits until the host's private folders are
+    mounted, takes a copy of the host's mounts with a /proc of its own, then reaps orphans for ever: what the
+    verifier leaves behind ends up here, where the daemon stops it."""
+    try:
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(number, signal.SIG_IGN)
+        helper = os.fork()
+        if helper == 0:
+            try:
+                os.close(go)
+                unshare(CLONE_NEWNS | CLONE_NEWPID)
+                os.write(report, b"agent-split\n")
+                init = os.fork()
+                if init == 0:
+                    agent_init(command, user, handover, keep, program, report, file_limit)
+                os.close(report)
+                os._exit(_exit_code(os.waitpid(init, 0)[1]))
+            except BaseException as exc:  # noqa: BLE001
+                _report_and_exit(report, "agent namespaces", exc)
+        os.read(go, 16)  # the host's private folders are mounted (or the split failed and this returns empty)
+        os.close(go)
+        unshare(CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        _mount_proc()
+        confine(keep, program)
+        os.write(report, b"verifier-ready\n")
+        os.close(report)
+    except BaseException as exc:  # noqa: BLE001
+        _report_and_exit(report, "verifier init", exc)
+    _reap_forever()
+
+
 def agent_init(command, user, handover, keep, program, report, file_limit):
-    """PID 1 of the agent's namespace: its own /proc, then COMMAND confined (as ``user`` unless empty), then reap
-    orphans for ever."""
+    """PID 1 of the agent's namespace: its own /proc, the host's folders shielded, then COMMAND confined (as
+    ``user`` unless empty), then reap orphans for ever."""
     try:
         _mount_proc()
+        _shield_private_folders()
         if file_limit:  # inherited by everything the agent's side starts from here
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -656,6 +745,10 @@ def agent_init(command, user, handover, keep, program, report, file_limit):
     except BaseException as exc:  # noqa: BLE001
         _report_and_exit(report, "agent init", exc)
     _report_handover(command, main, handover, report)
+    _reap_forever()
+
+
+def _reap_forever():
     while True:
         try:
             os.wait()
@@ -663,6 +756,27 @@ def agent_init(command, user, handover, keep, program, report, file_limit):
             time.sleep(1.0)
         except OSError:
             time.sleep(0.1)
+
+
+def _shield_private_folders():
+    """Make each of the host's private folders, and every folder above it, a mount point of the agent's own
+    namespace. Since Linux 3.18, removing or renaming a folder that is a mount point only in another namespace
+    succeeds and silently detaches that mount; a mount point of the caller's own namespace is refused (EBUSY), and
+    the agent cannot unmount anything. The private folders themselves become empty and read-only here."""
+    pinned = set()
+    for path, _ in PRIVATE_MOUNTS:
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            ancestor = "/" + "/".join(parts[:depth])
+            if ancestor not in pinned:
+                mount(ancestor, ancestor, None, MS_BIND | MS_REC)
+                pinned.add(ancestor)
+        mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+
+
+def _set_oom_score(pid, score):
+    with open("/proc/{}/oom_score_adj".format(pid), "w") as handle:  # raising needs no capability
+        handle.write(str(score))
 
 
 def _report_handover(command, main, handover, report):
@@ -754,16 +868,24 @@ class CappedBuffer:
 
 
 class Daemon:
-    """The daemon's state: how to start processes, the agent's init, and the terminal's tmux clients."""
+    """The daemon's state: how to start processes, the two inits, the host's private folders, the terminal's tmux
+    clients, and since when a file counts as changed in this container."""
 
-    def __init__(self, agent_init, file_limit=0):
+    def __init__(self, agent_init, verifier_init, file_limit=0):
         self.agent_init = agent_init
-        self.spawner = Spawner(agent_init, seccomp_program(), file_limit)
+        self.verifier_init = verifier_init
+        self.verifier_pid_ns = os.readlink("/proc/{}/ns/pid".format(verifier_init))
+        self.spawner = Spawner(agent_init, verifier_init, seccomp_program(), file_limit)
         self.tmux = Tmux(self.spawner)
         self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
+        self.private = {path: PrivateFolder(path) for path in VERIFIER_FOLDERS}
+        # Image files carry the ctime of their layer's unpacking, older than the container; the kernel sets a
+        # file's ctime on every change (write, chmod, rename, link) and nothing lets a process set it back.
+        self.since = time.time() - CHANGE_MARGIN_S
 
-    def run(self, argv, side, timeout, user=None, env=None, cwd=None, max_output=1000000):
-        """Run argv to its end (or the timeout, which kills what it started); collect its output, capped."""
+    def run(self, argv, side, timeout, user=None, env=None, cwd=None, max_output=1000000, tick=None):
+        """Run argv to its end (or the timeout, which kills what it started); collect its output, capped. ``tick``
+        is called every few milliseconds meanwhile, on this thread (a fork bomb may leave no pid for another)."""
         buffer = CappedBuffer(int(max_output))
         start = time.monotonic()
         read_end, write_end = stream_pair()
@@ -787,6 +909,8 @@ class Daemon:
                     open_ = _drain(read_end, buffer, min(left, 0.05))
                 else:
                     time.sleep(min(left, 0.005))
+                if tick is not None:
+                    tick()
             # Background children may hold the pipe open; stop reading shortly after the command is done.
             end = time.monotonic() + 1.0
             while open_ and time.monotonic() < end:
@@ -802,6 +926,34 @@ class Daemon:
             "duration_s": time.monotonic() - start,
         }
 
+    def read_private(self, path, max_bytes):
+        for root, folder in self.private.items():
+            if path.startswith(root + "/"):
+                return folder.read(path[len(root) + 1 :], max_bytes)
+        raise ValueError("the verifier's files are read from {} only, not {}".format(" or ".join(self.private), path))
+
+    def stop_verifier_leftovers(self, rounds=500):
+        """Kill everything in the verifier's PID namespace but its init, so nothing the verifier started outlives it
+        (a leftover could rewrite the reward once the verifier ended). The agent's processes live a level below.
+        Members are frozen first, as in kill_tree, so a fork bomb cannot outrun the killing."""
+        for _ in range(rounds):
+            alive = [pid for pid in _pids() if pid != self.verifier_init and self._in_verifier_namespace(pid)
+                     and not _zombie(pid)]  # fmt: skip
+            if not alive:
+                return
+            for pid in alive:
+                _signal(pid, signal.SIGSTOP)
+            if all(_stopped(pid) for pid in alive):
+                for pid in alive:
+                    _signal(pid, signal.SIGKILL)
+            time.sleep(0.005)
+
+    def _in_verifier_namespace(self, pid):
+        try:
+            return os.readlink("/proc/{}/ns/pid".format(pid)) == self.verifier_pid_ns
+        except OSError:
+            return False
+
     def pane_pid(self, ns_pid):
         """The pane shell's pid in this namespace, from its pid in the agent's (what tmux reports)."""
         known = self.panes.get(ns_pid)
@@ -809,7 +961,7 @@ class Daemon:
             return known
         for pid in _pids():
             levels = _ns_pids(pid)
-            if len(levels) == 2 and levels[1] == ns_pid:
+            if len(levels) == 3 and levels[2] == ns_pid:  # here, the verifier's namespace, the agent's
                 self.panes[ns_pid] = pid
                 return pid
         return None
@@ -855,15 +1007,17 @@ def control_quote(arg):
 class ControlClient:
     """A tmux control-mode client kept attached, so a tmux command costs a line on a pipe, not a fork.
 
-    It runs on the agent's side, so the agent can write into its pipes: what it answers only ever feeds the
-    agent's own terminal operations, and nothing it sends can stop the daemon. Each command answers with a
-    %begin/%end (or %error) block; notifications outside blocks are skipped; pane output is switched off.
+    It runs on the terminal's side: in the agent's mount namespace, to reach the tmux server's socket, but in a PID
+    namespace of its own, so no process of the agent's can see, signal or trace it and forge what it reads. What
+    it answers only ever feeds the agent's own terminal operations, and nothing it sends can stop the daemon. Each
+    command answers with a %begin/%end (or %error) block; notifications outside blocks are skipped; pane output is
+    switched off.
     """
 
     def __init__(self, spawner, tmux, target, user):
         ours, theirs = stream_pair()
         try:
-            self.child = spawner.spawn(tmux + ["-C", "attach-session", "-t", target], "agent",
+            self.child = spawner.spawn(tmux + ["-C", "attach-session", "-t", target], "terminal",
                                        (theirs, theirs, None), user=user)  # fmt: skip
         except BaseException:
             os.close(ours)
@@ -1049,10 +1203,7 @@ class Shell:
 
 
 def op_exec(daemon, req):
-    side = req.get("side", "agent")
-    if side not in ("agent", "host"):
-        raise ValueError("side must be 'agent' or 'host'")
-    return daemon.run(["bash", "-c", req["cmd"]], side, req["timeout"], user=req.get("user"), env=req.get("env"),
+    return daemon.run(["bash", "-c", req["cmd"]], "agent", req["timeout"], user=req.get("user"), env=req.get("env"),
                       cwd=req.get("workdir"), max_output=req.get("max_output", 1000000))  # fmt: skip
 
 
@@ -1082,45 +1233,341 @@ def limit_counters():
 
 
 def op_verify(daemon, req):
-    """Fresh /tests (from the tar the host sent) and /logs/verifier on the host's side, the verifier run there,
-    then the files it wrote, and which limits the container hit while it ran (a verifier starved of pids or
-    memory proves nothing). Nothing of the agent's side can reach these folders."""
+    """Fresh /tests (from the tar the host sent) and /logs/verifier, the verifier run in its own namespaces, then
+    the files it wrote, which limits the container hit while it ran (a verifier starved of pids or memory proves
+    nothing), and what it ran that changed in this container (see OpenWatch).
+
+    The folders are the host's own tmpfs mounts, held open since the daemon started: before and after the run,
+    the path the verifier uses must still lead to them, else the agent's side tampered with them (it cannot:
+    see _shield_private_folders) and nothing of the run is trusted. What the verifier leaves running is stopped
+    before its files are read."""
     before = limit_counters()
-    for path in ("/tests", "/logs/verifier"):
-        _empty(path)
+    verifier_root = "/proc/{}/root".format(daemon.verifier_init)
+    for folder in daemon.private.values():
+        folder.check()
+        folder.check(verifier_root)
+        folder.empty()
     tests = base64.b64decode(req["tests"])
     if tests:
-        with tarfile.open(fileobj=io.BytesIO(tests), mode="r:") as archive:
-            for member in archive.getmembers():
-                bad = member.name.startswith("/") or ".." in member.name.split("/")
-                if bad or not (member.isfile() or member.isdir()):
-                    raise ValueError(f"refusing tests archive member {member.name!r}: plain files and folders only")
-            archive.extractall("/tests")
-    result = daemon.run(
-        ["bash", "-c", req["cmd"]], "host", req["timeout"], user=req.get("user"), env=req.get("env"),
-        cwd=req.get("workdir"), max_output=req.get("max_output", 100000),
-    )  # fmt: skip
-    result["files"] = {path: _read(path, int(req.get("max_bytes", 4000000))) for path in req.get("read", [])}
+        daemon.private["/tests"].unpack(tests)
+    watch = OpenWatch(daemon)
+    try:
+        result = daemon.run(
+            ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=req.get("env"),
+            cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain,
+        )  # fmt: skip
+        daemon.stop_verifier_leftovers()
+        watched = watch.finish(daemon)
+    finally:
+        watch.close()
+    for folder in daemon.private.values():
+        folder.check()
+        folder.check(verifier_root)
+    max_bytes = int(req.get("max_bytes", 4000000))
+    result["files"], result["refused"] = {}, {}
+    for path in req.get("read", []):
+        try:
+            result["files"][path] = _b64(daemon.read_private(path, max_bytes))
+        except NotRegular as exc:
+            result["files"][path] = None
+            result["refused"][path] = str(exc)
     after = limit_counters()
     result["limits_hit"] = sorted(limit for limit, count in after.items() if count > before.get(limit, count))
+    result.update(watched)
     return result
 
 
-def _empty(folder):
-    for entry in os.listdir(folder):
-        path = os.path.join(folder, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+class AgentFault(Exception):
+    """Something the agent's side controls made the request impossible; the host counts it as the agent's doing."""
 
 
-def _read(path, max_bytes):
-    try:
-        with open(path, "rb") as handle:
-            return base64.b64encode(handle.read(max_bytes)).decode()
-    except FileNotFoundError:
-        return None
+class NotRegular(OSError):
+    """A file the verifier left is not a regular file (a folder, a FIFO, a link): its content is not trusted."""
+
+
+VERIFIER_FOLDERS = ("/tests", "/logs/verifier")
+CHANGE_MARGIN_S = 1.0  # ctime is kept in coarse clock ticks: what changed just before the daemon started counts too
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PrivateFolder:
+    """One of the host's private tmpfs folders, held open since the daemon started: what the verifier gets must
+    be this very folder, and everything read from or deleted in it goes through this descriptor, never a path."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd = os.open(path, _DIR_FLAGS)
+        mine = os.fstat(self.fd)
+        if mine.st_dev == os.stat("/").st_dev:
+            raise OSError(errno.EIO, "{} is not the host's private mount".format(path))
+        self.identity = (mine.st_dev, mine.st_ino)
+
+    def check(self, root=""):
+        """Raise AgentFault unless ``root + path`` still leads to this folder."""
+        try:
+            now = os.stat(root + self.path, follow_symlinks=False)
+            found = (now.st_dev, now.st_ino)
+        except OSError as exc:
+            found = exc.strerror
+        if found != self.identity:
+            raise AgentFault("{}{} is no longer the verifier's private folder ({}): it was tampered with".format(
+                root, self.path, found))  # fmt: skip
+
+    def empty(self):
+        _empty_dir(self.fd)
+
+    def unpack(self, data):
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive.getmembers():
+                bad = member.name.startswith("/") or ".." in member.name.split("/")
+                if bad or not (member.isfile() or member.isdir()):
+                    raise ValueError("refusing tests archive member {!r}: plain files and folders only"
+                                     .format(member.name))  # fmt: skip
+            archive.extractall("/proc/self/fd/{}".format(self.fd))
+
+    def read(self, relative, max_bytes):
+        """The file's first ``max_bytes`` bytes, None if missing; NotRegular unless it is a plain file."""
+        parts = [part for part in relative.split("/") if part]
+        fds = [self.fd]
+        try:
+            for part in parts[:-1]:
+                fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[-1])
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise NotRegular(exc.errno, "{}/{} cannot be read as a file: {}".format(self.path, relative,
+                                                                                  exc.strerror)) from None
+        finally:
+            for opened in fds[1:]:
+                os.close(opened)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegular(errno.EINVAL, "{}/{} is not a regular file".format(self.path, relative))
+            return _read_fd(fd, max_bytes)
+        finally:
+            os.close(fd)
+
+
+def _empty_dir(fd):
+    """Delete everything in the folder open at ``fd``, never following a link."""
+    for name in os.listdir(fd):
+        try:
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    _empty_dir(sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+
+
+def _read_fd(fd, max_bytes):
+    chunks, left = [], max_bytes
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _b64(data):
+    return None if data is None else base64.b64encode(data).decode()
+
+
+# ----- what the verifier ran: fanotify on the verifier's and the agent's mounts ----------------------------------
+
+FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE, FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x2, 0x10, 0x1, 0x10
+FAN_CLOSE_WRITE, FAN_OPEN, FAN_Q_OVERFLOW, FAN_OPEN_EXEC = 0x8, 0x20, 0x4000, 0x1000
+_EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
+_UNWATCHED = ("/proc", "/sys", "/dev", RUN_DIR) + VERIFIER_FOLDERS  # no file there is the agent's to change
+MAX_WATCHED_FILES = 200000
+HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decide what runs
+_READ_HEADS = (".pth", "/entry_points.txt")
+PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
+                         "/usr/lib/*-linux-gnu*")  # fmt: skip
+
+
+class OpenWatch:
+    """Every file the verifier's processes open or execute while it runs, and every file either side writes.
+
+    Two fanotify groups (notification only, nothing is ever blocked): one on every mount of the verifier's
+    namespace, one on every mount of the agent's. An event carries an open descriptor of the file, so what is
+    recorded is the file the verifier really opened, wherever it was reached from and however briefly it existed.
+    A file counts as changed in this container when its ctime is newer than the daemon, or the agent's side wrote
+    it while the verifier ran; a file only the verifier itself wrote is its own. ``finish`` returns the changed
+    files the verifier opened (path, executed, magic bytes, and the head of .pth files), the changed links in the
+    program and library folders whose targets it opened, and whether the watch saw everything."""
+
+    def __init__(self, daemon):
+        self.groups = []
+        self.opened = {}  # (dev, ino) -> record
+        self.written = {"verifier": set(), "agent": set()}
+        self.complete = True
+        self.events = 0
+        self.exec_events = True
+        try:
+            verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
+            self.groups.append(("verifier", self._group(daemon.verifier_init, verifier_mask)))
+            self.groups.append(("agent", self._group(daemon.agent_init, FAN_CLOSE_WRITE)))
+        except BaseException:
+            self.close()
+            raise
+
+    def _group(self, init, mask):
+        init_fn = getattr(_libc, "fanotify_init", None)
+        if init_fn is None:
+            raise OSError(errno.ENOSYS, "no fanotify_init in the C library: the verifier cannot be watched")
+        fd = init_fn(FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, "fanotify_init: {} (the verifier is watched with fanotify: Linux >= 5.0 with "
+                                "CONFIG_FANOTIFY)".format(os.strerror(code)))  # fmt: skip
+        root = "/proc/{}/root".format(init)
+        for point in _mount_points(init):
+            if any(point == skip or point.startswith(skip + "/") for skip in _UNWATCHED):
+                continue
+            path = (root + point).encode()
+            if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), -100, path) != 0:
+                code = ctypes.get_errno()
+                if code == errno.EINVAL and mask & FAN_OPEN_EXEC:  # Linux < 5.0: no exec events, opens only
+                    mask &= ~FAN_OPEN_EXEC
+                    self.exec_events = False
+                    if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), -100, path) == 0:
+                        continue
+                    code = ctypes.get_errno()
+                if code in (errno.ENOENT, errno.EACCES):  # a mount point the agent made unreachable: a gap
+                    self.complete = False
+                    continue
+                os.close(fd)
+                raise OSError(code, "fanotify_mark {}: {}".format(point, os.strerror(code)))
+        return fd
+
+    def drain(self):
+        """Read every event queued so far (the verifier's thread calls this while it waits)."""
+        for side, group in self.groups:
+            self._drain(side, group)
+
+    def _drain(self, side, group):
+        while True:
+            try:
+                data = os.read(group, 65536)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                length, _, _, _, mask, fd, _ = _EVENT.unpack_from(data, offset)
+                offset += max(length, _EVENT.size)
+                self.events += 1
+                if mask & FAN_Q_OVERFLOW or fd < 0:
+                    self.complete = False
+                    continue
+                try:
+                    self._record(side, mask, fd)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+
+    def _record(self, side, mask, fd):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        key = (info.st_dev, info.st_ino)
+        if mask & FAN_CLOSE_WRITE:
+            self.written[side].add(key)
+        if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
+            return
+        record = self.opened.get(key)
+        if record is None:
+            if len(self.opened) >= MAX_WATCHED_FILES:
+                self.complete = False
+                return
+            record = self.opened[key] = {"path": os.readlink("/proc/self/fd/{}".format(fd)), "exec": False,
+                                         "ctime": 0.0, "head": None}  # fmt: skip
+        record["exec"] = record["exec"] or bool(mask & FAN_OPEN_EXEC)
+        record["ctime"] = max(record["ctime"], info.st_ctime)
+        if record["head"] is None:
+            record["head"] = os.pread(fd, HEAD_BYTES if record["path"].endswith(_READ_HEADS) else 4, 0)
+
+    def finish(self, daemon):
+        """Once the verifier's processes are gone: read the last events and say what it ran that changed."""
+        self.drain()
+        agent, verifier = self.written["agent"], self.written["verifier"]
+        used = []
+        for key, record in self.opened.items():
+            changed = record["ctime"] >= daemon.since or key in agent
+            if changed and (key not in verifier or key in agent):
+                head = record["head"] or b""
+                used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
+                             "head": _b64(head) if record["path"].endswith(_READ_HEADS) else None})  # fmt: skip
+        targets = {record["path"]: record["exec"] for record in self.opened.values()}
+        return {"used": used, "relinked": _relinked(daemon.since, targets),
+                "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events}}
+
+    def close(self):
+        for _, fd in self.groups:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.groups = []
+
+
+def _mount_points(pid):
+    """The mount points of the process's mount namespace, as paths inside it."""
+    points = []
+    with open("/proc/{}/mountinfo".format(pid)) as handle:
+        for line in handle:
+            point = line.split()[4]
+            points.append(point.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n"))
+    return points
+
+
+def _relinked(since, opened):
+    """Links in the program and library folders changed in this container whose targets the verifier opened."""
+    found = []
+    for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS for path in glob.glob(pattern))):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                link = os.lstat(path)
+                if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
+                    continue
+                target = os.path.realpath(path)
+            except OSError:
+                continue
+            if target in opened:
+                found.append({"path": path, "target": target, "exec": opened[target]})
+    return found
+
+
+def op_lookup(daemon, req):
+    """For each glob pattern, the paths that match now (and where their links lead), and whether each changed in
+    this container (ctime)."""
+    found = {}
+    for pattern in req["patterns"]:
+        matches = []
+        for path in sorted(glob.glob(pattern))[:100]:
+            try:
+                changed = os.stat(path).st_ctime >= daemon.since
+                matches.append({"path": path, "real": os.path.realpath(path), "changed": changed})
+            except OSError:
+                continue
+        found[pattern] = matches
+    return {"found": found}
 
 
 def op_tmux(daemon, req):
@@ -1199,7 +1646,17 @@ def op_capture(daemon, req):
 
 
 def op_read(daemon, req):
-    return {"data": _read(req["path"], int(req["max_bytes"]))}
+    """A file as the host's side sees it (a FIFO or a folder there is refused, never waited on)."""
+    try:
+        fd = os.open(req["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {"data": None}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("{} is not a regular file".format(req["path"]))
+        return {"data": _b64(_read_fd(fd, int(req["max_bytes"])))}
+    finally:
+        os.close(fd)
 
 
 def op_stop_agent(daemon, req):
@@ -1218,30 +1675,25 @@ def op_ping(daemon, req):
 
 OPS = {
     "exec": op_exec, "verify": op_verify, "tmux": op_tmux, "commands": op_commands, "send": op_send,
-    "capture": op_capture, "read": op_read, "stop_agent": op_stop_agent, "ping": op_ping,
+    "capture": op_capture, "read": op_read, "stop_agent": op_stop_agent, "ping": op_ping, "lookup": op_lookup,
 }  # fmt: skip
 
 
-def find_agent_init(wait_s):
-    """The agent's init as the main process reported it: (pid, handover verdict); raises if it failed."""
-    path = os.path.join(RUN_DIR, "agent-init")
+def find_split(wait_s):
+    """The split as the main process reported it: (the agent's init, the verifier's init, the handover verdict),
+    pids as this namespace sees them; raises if it failed."""
     deadline = time.monotonic() + wait_s
-    while not os.path.exists(path):
+    while not os.path.exists(SPLIT_REPORT):
         if time.monotonic() > deadline:
             raise OSError(errno.ETIMEDOUT, "the container's main process never split the container")
         time.sleep(0.01)
-    with open(path) as handle:
+    with open(SPLIT_REPORT) as handle:
         report = handle.read()
-    pid = verdict = None
-    for line in report.splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "pid":
-            pid = int(rest)
-        elif word == "handover":
-            verdict = rest
-    if pid is None or verdict is None:
-        raise OSError(errno.EIO, "the agent's side did not start: " + report.strip())
-    return pid, verdict
+    words = dict(line.partition(" ")[::2] for line in report.splitlines())
+    agent = [pid for pid in _pids() if len(_ns_pids(pid)) == 3 and _ns_pids(pid)[-1] == 1]
+    if "verifier-ready" not in words or "handover" not in words or len(agent) != 1:
+        raise OSError(errno.EIO, "the container's split did not complete: " + report.replace("\0", " ").strip())
+    return agent[0], int(words["verifier"]), words["handover"]
 
 
 class _NoImports:
@@ -1269,9 +1721,9 @@ def daemon_main(argv):
     daemon = None
     try:
         wait_s = float(argv[argv.index("--wait") + 1]) if "--wait" in argv else 30.0
-        agent_init_pid, verdict = find_agent_init(wait_s)
+        agent_init_pid, verifier_init_pid, verdict = find_split(wait_s)
         file_limit = int(argv[argv.index("--file-limit") + 1]) if "--file-limit" in argv else 0
-        daemon = Daemon(agent_init_pid, file_limit)
+        daemon = Daemon(agent_init_pid, verifier_init_pid, file_limit)
         handover = verdict
     except Exception as exc:  # noqa: BLE001 - answered to the host's first request
         setup_error = "{}: {}".format(type(exc).__name__, exc)
@@ -1291,7 +1743,9 @@ def daemon_main(argv):
                 result.update(id=req["id"], ok=True)
             except SpawnError as exc:
                 result = {"id": req.get("id"), "ok": False, "error": "cannot start a process: {}".format(exc),
-                          "spawn_errno": exc.errno}  # fmt: skip
+                          "spawn_errno": exc.errno, "blame": "agent" if exc.stage in AGENT_STAGES else None}
+            except AgentFault as exc:
+                result = {"id": req.get("id"), "ok": False, "error": str(exc), "blame": "agent"}
             except Exception as exc:  # noqa: BLE001 - every failure goes back to the host, never kills the daemon
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 result = {"id": req.get("id"), "ok": False, "error": detail}

@@ -49,6 +49,11 @@ class TerminalGone(AgentCaused):
     """The agent's shell or its tmux server is gone (``exit``, Ctrl-D, ``kill -9 -1``, ``tmux kill-server``)."""
 
 
+class BrokenByAgent(AgentCaused):
+    """What the agent did to the container made a request impossible: it removed or replaced a program, a user or a
+    folder that the request needs (the verifier's shell, root's entry, the verifier's private folders)."""
+
+
 class ResourcesExhausted(AgentCaused):
     """Nothing more could start in the sandbox: the agent's processes used up its pids or memory."""
 

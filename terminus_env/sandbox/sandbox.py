@@ -38,6 +38,7 @@ from terminus_env.sandbox.owner import Owner, new_run_id
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
+from terminus_env.sandbox.tamper import Change, Finding, WatchReport, judge, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -62,12 +63,16 @@ class ExecResult:
 
 @dataclass
 class VerifierRun:
-    """A verifier's run on the host's side, and the files it left there (None: not written)."""
+    """A verifier's run on its own side, and the files it left there (None: not written)."""
 
     result: ExecResult
     files: dict[str, bytes | None] = field(default_factory=dict)
     limits_hit: tuple[str, ...] = ()
     """The container's limits ("pids", "memory") hit while the verifier ran: its result proves nothing then."""
+    tampering: tuple[Finding, ...] = ()
+    """What the verifier ran that the agent changed in its runtime (see ``tamper.py``): its result proves nothing."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Files the verifier left that are not plain files (a folder, a FIFO, a link), with why; they read as None."""
 
 
 class Sandbox:
@@ -76,9 +81,12 @@ class Sandbox:
     def __init__(
         self, spec: SandboxSpec, client: docker.DockerClient, container_id: str, channel: Channel,
         terminal: Terminal, user: str | None, disk_enforced: bool, services: EpisodeServices | None = None,
+        workdir: str | None = None,
     ) -> None:  # fmt: skip
         self.spec = spec
         self.id = container_id
+        self.workdir = workdir or spec.workdir
+        """Where the terminal, commands and the verifier start: the task's workdir, else the image's WORKDIR."""
         self.terminal = terminal
         self._client = client
         self._services = services
@@ -111,25 +119,26 @@ class Sandbox:
     ) -> Sandbox:
         creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec, run, services))
         try:
-            container_id, image_user, disk_enforced = await asyncio.shield(creating)
+            container_id, image, disk_enforced = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
             creating.add_done_callback(
                 lambda done: done.cancelled() or done.exception() or _discard(client, done.result()[0])
             )
             raise
         try:
-            user = spec.user or image_user or None
+            user = spec.user or image.user or None
+            workdir = spec.workdir or image.workdir or None
             channel, handover = await Channel.open(
                 client, container_id, HANDOVER_S, 0 if disk_enforced else spec.effective_storage_mb * _MB
             )
             if handover != "ready":
                 await channel.close()
                 raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
-            terminal = await Terminal.start(channel, user=user, workdir=spec.workdir)
+            terminal = await Terminal.start(channel, user=user, workdir=workdir)
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
             raise
-        return cls(spec, client, container_id, channel, terminal, user, disk_enforced, services)
+        return cls(spec, client, container_id, channel, terminal, user, disk_enforced, services, workdir)
 
     async def exec(
         self, cmd: str, timeout: float, *, user: str | None = None, env: Mapping[str, str] | None = None,
@@ -142,7 +151,7 @@ class Sandbox:
         """
         reply = await self._channel.request(
             "exec", timeout + _GRACE_S, side="agent", cmd=cmd, timeout=timeout, user=user or self._user,
-            env=dict(env or {}), workdir=workdir or self.spec.workdir, max_output=EXEC_OUTPUT_LIMIT,
+            env=dict(env or {}), workdir=workdir or self.workdir, max_output=EXEC_OUTPUT_LIMIT,
         )  # fmt: skip
         return _exec_result(reply)
 
@@ -150,18 +159,42 @@ class Sandbox:
         self, tests: bytes, cmd: str, timeout: float, *, user: str, env: Mapping[str, str] | None = None,
         read: Sequence[str] = (), max_bytes: int = 4_000_000,
     ) -> VerifierRun:  # fmt: skip
-        """Run a verifier on the host's side: fresh /tests (unpacked from the tar ``tests``) and /logs/verifier,
-        ``bash -c cmd`` as ``user``, then the files ``read``.
+        """Run a verifier on its own side: fresh /tests (unpacked from the tar ``tests``) and /logs/verifier,
+        ``bash -c cmd`` as ``user``, then the files ``read``, and what it ran that the agent changed.
 
-        Those two folders exist on the host's side only, and nothing on the agent's side can see the verifier's
-        processes, so nothing the agent left running can change the tests or what the verifier writes.
+        Those two folders are private to the verifier's side, and nothing on the agent's side can see the verifier's
+        processes, so nothing the agent left running can change the tests or what the verifier writes; what the
+        agent did to the verifier's runtime (its interpreters, libraries, test runner) is in ``tampering``.
         """
         reply = await self._channel.request(
             "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
-            user=user, env=dict(env or {}), workdir=self.spec.workdir, read=list(read), max_bytes=max_bytes,
+            user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
         )  # fmt: skip
         files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}
-        return VerifierRun(_exec_result(reply), files, tuple(reply.get("limits_hit", ())))
+        tampering = await self._judge_watch(WatchReport.from_reply(reply))
+        return VerifierRun(
+            _exec_result(reply), files, tuple(reply.get("limits_hit", ())), tampering, dict(reply.get("refused", {}))
+        )
+
+    async def _judge_watch(self, report: WatchReport) -> tuple[Finding, ...]:
+        """The rules of tamper.py over the watch's report, with the image's view and the lookups they ask for."""
+        asked = queries(report, self.workdir)
+        changes: dict[str, Change] = {}
+        found: dict[str, Any] = {}
+        if asked.diff_paths:
+            changes = await asyncio.to_thread(self._changes, asked.diff_paths)
+        if asked.patterns:
+            found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
+        return judge(report, self.workdir, changes, found)
+
+    def _changes(self, paths: frozenset[str]) -> dict[str, Change]:
+        """Docker's diff of the writable layer, for ``paths``: how each differs from the image (absent: added)."""
+        kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
+        try:
+            listed = self._client.api.diff(self.id) or []
+        except DockerException as exc:
+            raise SandboxError(f"cannot compare sandbox {self.id[:12]} with its image: {exc}") from exc
+        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed if entry["Path"] in paths}
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""
@@ -222,14 +255,15 @@ class Sandbox:
         """Not closed, and its control channel (hence its container) is still up."""
         return not self._closed and not self._channel.closed
 
-    async def container_running(self) -> bool:
-        """The container runs (and is not paused), whatever its control channel says."""
+    async def lost_to_agent(self) -> bool:
+        """Whether the agent's doing ended this sandbox's control daemon (see :func:`lost_by_agent`)."""
         try:
             attrs = await asyncio.to_thread(self._client.api.inspect_container, self.id)
         except DockerException:
-            return False
+            return False  # removed, or Docker failed: nothing inside a container can remove it
         state = attrs.get("State") or {}
-        return bool(state.get("Running")) and not state.get("Paused")
+        running = bool(state.get("Running")) and not state.get("Paused")
+        return lost_by_agent(running, bool(state.get("OOMKilled")), self.daemon_stderr)
 
     @property
     def daemon_stderr(self) -> str:
@@ -274,16 +308,35 @@ class Sandbox:
             raise SandboxError(f"copying into sandbox {self.id[:12]} failed: {exc}") from exc
 
 
+def lost_by_agent(running: bool, oom_killed: bool, daemon_stderr: str) -> bool:
+    """Whether a lost control daemon was the agent's doing. Nothing inside the container can see or signal the
+    daemon, the container's init or its main process, and the OOM killer takes every process of the agent's and
+    the verifier's first (daemon.py); a traceback of ours in the daemon's stderr is our bug. So a daemon that died
+    while its container runs did so under the memory the agent holds, and a container that ended was stopped from
+    outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
+    if "Traceback" in daemon_stderr:
+        return False
+    return running or oom_killed
+
+
 def _exec_result(reply: Mapping[str, Any]) -> ExecResult:
     output = join_capped(reply["head"], reply["tail"], reply["omitted"], EXEC_OUTPUT_LIMIT)
     return ExecResult(reply["exit_code"], output, reply["timed_out"], reply["duration_s"])
 
 
+@dataclass(frozen=True)
+class _ImageDefaults:
+    """What the image says about how its programs run, where the task does not say otherwise."""
+
+    user: str = ""
+    workdir: str = ""
+
+
 def _create(
     client: docker.DockerClient, spec: SandboxSpec, run: str, services: EpisodeServices | None
-) -> tuple[str, str, bool]:
+) -> tuple[str, _ImageDefaults, bool]:
     """Create and start the container (on the services' network, if any); returns its id, the image's default
-    user, and whether the engine enforces the storage limit itself."""
+    user and working folder, and whether the engine enforces the storage limit itself."""
     try:
         config = client.api.inspect_image(spec.image).get("Config") or {}
     except ImageNotFound as exc:
@@ -341,7 +394,7 @@ def _create(
     except APIError as exc:
         _discard(client, container.id)
         raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
-    return container.id, config.get("User") or "", enforced
+    return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), enforced
 
 
 def _create_container(

@@ -117,8 +117,11 @@ async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
     finally:
         if sandbox is not None:
             await sandbox.close()
-    passed = result.reward == _EXPECTED[check]
-    if not passed:
+    passed = result.reward == _EXPECTED[check] and not result.tampering  # the oracle is no cheat: no false alarm
+    if result.tampering:
+        detail = "; ".join([detail] * bool(detail) + [f"flagged as tampering: {finding.kind} {finding.path} "
+                                                        f"({finding.detail})" for finding in result.tampering])
+    elif not passed:
         detail = "; ".join(x for x in (detail, result.reason, result.failure or _output_tail(result.output)) if x)
     return CheckOutcome(task.name, check, result.reward, passed, time.monotonic() - start, detail)
 

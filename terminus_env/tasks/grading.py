@@ -27,6 +27,7 @@ from terminus_env.tasks.task import Task, TaskError
 
 if TYPE_CHECKING:
     from terminus_env.sandbox import ExecResult, Sandbox
+    from terminus_env.sandbox.tamper import Finding
 
 TESTS_DIR = "/tests"
 SOLUTION_DIR = "/solution"
@@ -55,6 +56,9 @@ class GradeResult:
     """Why the reward is 0 when the verifier did not say so itself (timeout, missing reward file, ...)."""
     failure: str | None = None
     """The first failing test and its assertion, from the CTRF report or pytest's output (`first_failure`)."""
+    tampering: tuple[Finding, ...] = ()
+    """What the verifier ran that the agent changed in the verifier's runtime (``sandbox/tamper.py``); the env
+    decides what that does to the episode (``TamperPolicy``)."""
 
 
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
@@ -80,14 +84,16 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     duration = time.monotonic() - start
     if run.result.timed_out:
         reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason)
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
         reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
+        refused = [f"{path}: {why}" for path, why in run.refused.items() if path in (REWARD_TXT, REWARD_JSON)]
+        reason = "; ".join(refused) if refused and reward == 0.0 else reason
     # The first failing test: from the CTRF report if the verifier wrote one, else from its output (issue 11a).
     failure = first_failure(output, run.files.get(CTRF_REPORT))
-    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure)
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering)
 
 
 def tests_archive(task: Task) -> bytes:

@@ -119,8 +119,8 @@ class SandboxHost:
     async def check_disk(self, sandbox_id: str) -> Answer:
         return await self._on(sandbox_id, _check_disk)
 
-    async def container_running(self, sandbox_id: str) -> Answer:
-        return await self._on(sandbox_id, lambda s: s.container_running())
+    async def lost_to_agent(self, sandbox_id: str) -> Answer:
+        return await self._on(sandbox_id, lambda s: s.lost_to_agent())
 
     async def close(self, sandbox_id: str) -> Answer:
         """Remove the sandbox's container; closing one that is gone already is fine."""

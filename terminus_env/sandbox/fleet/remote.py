@@ -84,12 +84,13 @@ class RemoteSandbox:
         await self.call("check_disk", 2 * SHORT_OP_S + CALL_MARGIN_S)
         return self._violation
 
-    async def container_running(self) -> bool:
-        """The container runs; False when its host is gone (its containers stopped with it) or does not answer."""
+    async def lost_to_agent(self) -> bool:
+        """See ``Sandbox.lost_to_agent``; False when the host is gone (its containers stopped with it) or does not
+        answer."""
         if self._link.lost:
             return False
         try:
-            return bool(await self.call("container_running", SHORT_OP_S + CALL_MARGIN_S))
+            return bool(await self.call("lost_to_agent", SHORT_OP_S + CALL_MARGIN_S))
         except SandboxError:
             return False
 
