@@ -7,6 +7,8 @@ Usage: .venv/bin/python bench/sandbox.py [--concurrency 32] [--commands 20]
 2. Container start: cold start against a reset from the warm pool.
 3. Concurrency: N sandboxes each running M commands; then a child that owns sandboxes is
    SIGKILLed halfway, the reaper runs, and the containers left are counted.
+4. Grading: a pytest verifier run by the daemon (fresh private folders, its own PID namespace, the watch of what
+   it ran, the tamper rules) against Harbor's way on the same container (copy the tests in, one `docker exec`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import docker
 from timing import timed
 
 from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxPool, SandboxSpec, reap
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
+from terminus_env.sandbox.sandbox import tar_dir
 from terminus_env.sandbox.terminal import TARGET, TMUX
 
 SPEC = SandboxSpec(BASE_IMAGE)
@@ -149,6 +154,47 @@ async def concurrency(client: docker.DockerClient, workers: int, commands: int) 
     row("containers left after SIGKILL + reaper", str(owned_by(client, child.pid)), "", f"reaper removed {removed}")
 
 
+VERIFIER = """#!/bin/bash
+mkdir -p /logs/verifier
+cd /app
+if python3 -m pytest -p no:cacheprovider -rA "$TESTS/test_outputs.py"; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+TESTS = """def test_written():
+    assert open("/app/hello.txt").read() == "hello\\n"
+"""
+
+
+async def grading(client: docker.DockerClient, tmp: Path) -> None:
+    print("4. Grading a pytest verifier (p50)                       terminus-env   docker exec")
+    (tmp / "test.sh").write_text(VERIFIER)
+    (tmp / "test_outputs.py").write_text(TESTS)
+    archive = tar_dir(tmp, ".")
+    sandbox = await Sandbox.start(SandboxSpec(BASE_IMAGE, workdir="/app"), client=client)
+    container = client.containers.get(sandbox.id)
+    try:
+        await sandbox.exec("echo hello > /app/hello.txt", 10)
+
+        async def ours() -> None:
+            run = await sandbox.verify(archive, "TESTS=/tests bash /tests/test.sh > /dev/null 2>&1", 60, user="root",
+                                       read=["/logs/verifier/reward.txt"])  # fmt: skip
+            assert run.files["/logs/verifier/reward.txt"] == b"1\n" and not run.tampering, run
+
+        def harbor() -> None:
+            client.api.put_archive(sandbox.id, "/", tar_dir(tmp, "harbor-tests"))
+            code, _ = container.exec_run(["bash", "-c", "TESTS=/harbor-tests bash /harbor-tests/test.sh"],
+                                         workdir="/app")  # fmt: skip
+            assert code == 0
+
+        mine = await timed(ours, 10)
+        theirs = await timed(lambda: asyncio.to_thread(harbor), 10)
+        extra = statistics.median(mine) - statistics.median(theirs)
+        row("verify: tests in, run, reward out", ms(statistics.median(mine)), ms(statistics.median(theirs)),
+            f"{extra * 1000:+.0f} ms for the private folders, the namespaces and the watch")  # fmt: skip
+    finally:
+        await sandbox.close()
+
+
 async def child(count: int) -> None:
     """Owns sandboxes and keeps them busy until the parent SIGKILLs it."""
     sandboxes = await asyncio.gather(*(Sandbox.start(SPEC) for _ in range(count)))
@@ -170,6 +216,8 @@ async def main() -> None:
     await terminal_steps(client)
     await container_start(client)
     await concurrency(client, args.concurrency, args.commands)
+    with tempfile.TemporaryDirectory() as tmp:
+        await grading(client, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ and that an episode the agent broke is the agent's failure, never a masked env_e
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -23,7 +24,10 @@ import pytest
 
 from terminus_env import TerminusEnv, load_task
 from terminus_env.rules import EndReason, Fault
+from terminus_env.sandbox import Sandbox
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
+from terminus_env.tasks import task_image
+from terminus_env.tasks.grading import grade
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 
@@ -277,6 +281,66 @@ def test_changing_the_verifiers_runtime_is_caught(pytest_task, attack):
     keys, kind = RUNTIME_ATTACKS[attack]
     _, reward, info = cheat(pytest_task, keys)
     assert_caught(reward, info, kind)
+
+
+FLICKERS = {
+    "root-configuration": "printf '[pytest]\\naddopts = --co\\n' > /pytest.ini.new && mv /pytest.ini.new "
+    "/pytest.ini; sleep 0.02; rm -f /pytest.ini; sleep 0.02",
+    "module-renamed-away": "printf 'raise SystemExit(0)\\n' > /app/pytest.py; sleep 0.005; mv /app/pytest.py "
+    "/tmp/.gone.py; sleep 0.005",
+}
+
+
+@pytest.mark.parametrize("flicker", sorted(FLICKERS))
+def test_what_comes_and_goes_never_pays(pytest_task, flicker):
+    """A loop keeps a collect-only /pytest.ini, or a pytest.py in the working folder, appearing and vanishing (or
+    renamed away once opened), so that a look before or after the verifier runs, or at a name, finds nothing. The
+    root folder holds still while the verifier runs, and code changed meanwhile is judged by when it changed:
+    either pytest missed it and the real tests failed, or it was caught. Neither pays."""
+    loop = f"while true; do {FLICKERS[flicker]}; done"
+    _, reward, info = cheat(pytest_task, background(loop), "sleep 0.5\n")
+    assert reward == 0.0 and info["env_error"] is False, info["episode"]
+    assert info["end_reason"] in (EndReason.TAMPERED, EndReason.TASK_COMPLETE), info["episode"]
+    if info["end_reason"] == EndReason.TASK_COMPLETE:
+        assert info["episode"]["failure"], "pytest missed the file: the real test ran and failed"
+
+
+def test_the_root_folder_holds_still_while_the_verifier_runs(tmp_path):
+    """A process the agent left running waits for grading, then tries to create and rename entries of the root
+    folder, and to write below it as a service would: the first are refused while the verifier runs (so no
+    `/pytest.ini` can come and go), the rest stay the agent's."""
+    root = tmp_path / "probe-while-grading"
+    (root / "environment").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "task.toml").write_text('version = "1.0"\n[agent]\ntimeout_sec = 120\n')
+    (root / "instruction.md").write_text("Nothing to do.\n")
+    (root / "environment" / "Dockerfile").write_text("FROM terminus-env/base:bookworm\nRUN mkdir -p /app\n")
+    (root / "tests" / "test.sh").write_text(  # start the probe, wait for its report, show it
+        "#!/bin/bash\ntouch /app/grading\nfor i in $(seq 100); do [ -s /app/report ] && break; sleep 0.1; done\n"
+        "cat /app/report\necho 0 > /logs/verifier/reward.txt\n"
+    )
+    probe = """
+        until [ -e /app/grading ]; do sleep 0.02; done
+        { for target in /x.ini /usr/local/bin/x /etc/x /app/x /var/x; do
+            touch $target 2>/dev/null && echo "$target writable" || echo "$target refused"
+          done
+          mv /opt /opt.moved 2>/dev/null && echo "/opt renamed" || echo "/opt stays"
+        } > /app/report.new; mv /app/report.new /app/report
+    """
+    task = load_task(root)
+
+    async def scenario() -> str:
+        sandbox = await Sandbox.start(task.sandbox_spec(await task_image(task)))
+        try:
+            await sandbox.exec(background(probe), 10)
+            return (await grade(sandbox, task)).output
+        finally:
+            await sandbox.close()
+
+    report = asyncio.run(scenario())
+    for expected in ("/x.ini refused", "/opt stays", "/usr/local/bin/x writable", "/etc/x writable",
+                     "/app/x writable", "/var/x writable"):  # fmt: skip
+        assert expected in report, report
 
 
 def test_a_preloaded_library_is_caught(pytest_task, tmp_path):

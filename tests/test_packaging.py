@@ -99,6 +99,6 @@ def test_an_installed_wheel_finds_its_suite_through_the_package(dist: Path, tmp_
     installed = site / "terminus_env"
     assert lines[0] == str(installed / "tasks" / "suite")
     assert lines[1] == str(installed / "tasks" / "suite" / "hello-world")
-    assert int(lines[2]) == len({p.parent for p in SUITE.glob("*/task.toml")}) == 24
+    assert int(lines[2]) == len({p.parent for p in SUITE.glob("*/task.toml")}) == 26
     assert lines[3] == str(installed / "sandbox" / "channel.py")
     assert int(lines[4]) == len((REPO / "terminus_env" / "sandbox" / "daemon.py").read_text(encoding="utf-8"))

@@ -69,7 +69,7 @@ SPLIT_REPORT = RUN_DIR + "/split"
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
 # Only the daemon keeps these; everything it or the main process starts runs without them.
-DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN")
+DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN", "LINUX_IMMUTABLE")
 
 # ----- the kernel's interfaces, through libc ------------------------------------------------------------------
 
@@ -774,6 +774,32 @@ def _shield_private_folders():
         mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
 
 
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+class FrozenRoot:
+    """The root folder's own entries, immutable while the verifier runs (the inode's flag, so for every side): no
+    `/pytest.ini` or `/conftest.py` can come and go, and no top-level folder can be renamed, in the meantime. Its
+    subfolders stay writable, for the services the tests query and for the verifier itself."""
+
+    def __init__(self):
+        self.fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.flags = struct.unpack("i", fcntl.ioctl(self.fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+            fcntl.ioctl(self.fd, FS_IOC_SETFLAGS, struct.pack("i", self.flags | FS_IMMUTABLE_FL))
+        except OSError as exc:
+            os.close(self.fd)
+            raise OSError(exc.errno, "cannot make the root folder immutable while the verifier runs ({}); the "
+                                     "storage driver's file system must support it (ext4, xfs, btrfs)".format(
+                                         exc.strerror)) from None  # fmt: skip
+
+    def thaw(self):
+        try:
+            fcntl.ioctl(self.fd, FS_IOC_SETFLAGS, struct.pack("i", self.flags))
+        finally:
+            os.close(self.fd)
+
+
 def _set_oom_score(pid, score):
     with open("/proc/{}/oom_score_adj".format(pid), "w") as handle:  # raising needs no capability
         handle.write(str(score))
@@ -879,6 +905,11 @@ class Daemon:
         self.tmux = Tmux(self.spawner)
         self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
         self.private = {path: PrivateFolder(path) for path in VERIFIER_FOLDERS}
+        # Each side's root, held open with its mount points as they are now (no side can mount anything later):
+        # the watch marks them even once the agent's side is stopped and its init gone.
+        self.roots = {side: (os.open("/proc/{}/root".format(init), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+                             _mount_points(init))
+                      for side, init in (("agent", agent_init), ("verifier", verifier_init))}  # fmt: skip
         # Image files carry the ctime of their layer's unpacking, older than the container; the kernel sets a
         # file's ctime on every change (write, chmod, rename, link) and nothing lets a process set it back.
         self.since = time.time() - CHANGE_MARGIN_S
@@ -1241,6 +1272,10 @@ def op_verify(daemon, req):
     the path the verifier uses must still lead to them, else the agent's side tampered with them (it cannot:
     see _shield_private_folders) and nothing of the run is trusted. What the verifier leaves running is stopped
     before its files are read."""
+    # What changes from here on, by another than the verifier, changed while it ran. No margin: a change made
+    # before this moment has an older ctime (the kernel's coarse clock only ever lags), and the verifier starts
+    # milliseconds later, after the folders, the tests and the freeze.
+    window = time.time()
     before = limit_counters()
     verifier_root = "/proc/{}/root".format(daemon.verifier_init)
     for folder in daemon.private.values():
@@ -1250,16 +1285,20 @@ def op_verify(daemon, req):
     tests = base64.b64decode(req["tests"])
     if tests:
         daemon.private["/tests"].unpack(tests)
-    watch = OpenWatch(daemon)
+    frozen = FrozenRoot()
     try:
-        result = daemon.run(
-            ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=req.get("env"),
-            cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain,
-        )  # fmt: skip
-        daemon.stop_verifier_leftovers()
-        watched = watch.finish(daemon)
+        watch = OpenWatch(daemon, window)
+        try:
+            result = daemon.run(
+                ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=req.get("env"),
+                cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain,
+            )  # fmt: skip
+            daemon.stop_verifier_leftovers()
+            watched = watch.finish(daemon, req.get("workdir") or "/")
+        finally:
+            watch.close()
     finally:
-        watch.close()
+        frozen.thaw()
     for folder in daemon.private.values():
         folder.check()
         folder.check(verifier_root)
@@ -1389,11 +1428,15 @@ FAN_CLOSE_WRITE, FAN_OPEN, FAN_Q_OVERFLOW, FAN_OPEN_EXEC = 0x8, 0x20, 0x4000, 0x
 _EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 _UNWATCHED = ("/proc", "/sys", "/dev", RUN_DIR) + VERIFIER_FOLDERS  # no file there is the agent's to change
 MAX_WATCHED_FILES = 200000
+GROUP_WAIT_S = 60.0  # how long a verifier waits for a fanotify group when the host's are all in use
 HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decide what runs
 _READ_HEADS = (".pth", "/entry_points.txt")
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
-                         "/usr/lib/*-linux-gnu*")  # fmt: skip
+                         "/usr/lib/*-linux-gnu*", "/usr/lib/python3*", "/usr/lib/python3*/*-packages",
+                         "/usr/local/lib/python3*", "/usr/local/lib/python3*/*-packages", "/etc", "/etc/python3*",
+                         "/root/.local/lib/python3*/site-packages")  # fmt: skip
+MAX_LISTED = 2000  # libraries the verifier loaded, listed for the rules
 
 
 class OpenWatch:
@@ -1407,8 +1450,9 @@ class OpenWatch:
     files the verifier opened (path, executed, magic bytes, and the head of .pth files), the changed links in the
     program and library folders whose targets it opened, and whether the watch saw everything."""
 
-    def __init__(self, daemon):
+    def __init__(self, daemon, window):
         self.groups = []
+        self.window = window  # when the verifier's run began
         self.opened = {}  # (dev, ino) -> record
         self.written = {"verifier": set(), "agent": set()}
         self.complete = True
@@ -1416,32 +1460,41 @@ class OpenWatch:
         self.exec_events = True
         try:
             verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
-            self.groups.append(("verifier", self._group(daemon.verifier_init, verifier_mask)))
-            self.groups.append(("agent", self._group(daemon.agent_init, FAN_CLOSE_WRITE)))
+            self.groups.append(("verifier", self._group(daemon.roots["verifier"], verifier_mask)))
+            self.groups.append(("agent", self._group(daemon.roots["agent"], FAN_CLOSE_WRITE)))
         except BaseException:
             self.close()
             raise
 
-    def _group(self, init, mask):
+    def _group(self, side, mask):
         init_fn = getattr(_libc, "fanotify_init", None)
         if init_fn is None:
             raise OSError(errno.ENOSYS, "no fanotify_init in the C library: the verifier cannot be watched")
-        fd = init_fn(FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
-        if fd < 0:
+        deadline = time.monotonic() + GROUP_WAIT_S
+        while True:
+            fd = init_fn(FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
             code = ctypes.get_errno()
+            if fd >= 0 or code != errno.EMFILE or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # every verifier on this host holds two groups: wait for one to finish
+        if fd < 0 and code == errno.EMFILE:
+            raise OSError(code, "fanotify_init: every fanotify group of the host's root is in use (each running "
+                                "verifier holds two): raise it on the sandbox host, e.g. `sysctl -w "
+                                "fs.fanotify.max_user_groups=8192`")  # fmt: skip
+        if fd < 0:
             raise OSError(code, "fanotify_init: {} (the verifier is watched with fanotify: Linux >= 5.0 with "
                                 "CONFIG_FANOTIFY)".format(os.strerror(code)))  # fmt: skip
-        root = "/proc/{}/root".format(init)
-        for point in _mount_points(init):
+        root, points = side
+        for point in points:
             if any(point == skip or point.startswith(skip + "/") for skip in _UNWATCHED):
                 continue
-            path = (root + point).encode()
-            if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), -100, path) != 0:
+            path = (point.lstrip("/") or ".").encode()  # resolved from the side's root, in its own mount tree
+            if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), root, path) != 0:
                 code = ctypes.get_errno()
                 if code == errno.EINVAL and mask & FAN_OPEN_EXEC:  # Linux < 5.0: no exec events, opens only
                     mask &= ~FAN_OPEN_EXEC
                     self.exec_events = False
-                    if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), -100, path) == 0:
+                    if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), root, path) == 0:
                         continue
                     code = ctypes.get_errno()
                 if code in (errno.ENOENT, errno.EACCES):  # a mount point the agent made unreachable: a gap
@@ -1491,26 +1544,38 @@ class OpenWatch:
             if len(self.opened) >= MAX_WATCHED_FILES:
                 self.complete = False
                 return
-            record = self.opened[key] = {"path": os.readlink("/proc/self/fd/{}".format(fd)), "exec": False,
-                                         "ctime": 0.0, "head": None}  # fmt: skip
+            path = os.readlink("/proc/self/fd/{}".format(fd))
+            if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
+                path = path[: -len(" (deleted)")]
+            record = self.opened[key] = {"path": path, "exec": False, "ctime": 0.0, "head": None}
         record["exec"] = record["exec"] or bool(mask & FAN_OPEN_EXEC)
         record["ctime"] = max(record["ctime"], info.st_ctime)
-        if record["head"] is None:
-            record["head"] = os.pread(fd, HEAD_BYTES if record["path"].endswith(_READ_HEADS) else 4, 0)
+        if record["head"] is None or (len(record["head"]) <= 4 and info.st_ctime >= self.window):
+            # whole heads of the files whose lines decide what runs, and of whatever changed during the run
+            # (renamed away, its name no longer says what it was: its content does)
+            wide = record["path"].endswith(_READ_HEADS) or info.st_ctime >= self.window
+            record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
 
-    def finish(self, daemon):
-        """Once the verifier's processes are gone: read the last events and say what it ran that changed."""
+    def finish(self, daemon, workdir):
+        """Once the verifier's processes are gone: read the last events and say what it ran that changed (``during``:
+        changed since the start of the verifier's run, by another than the verifier), the links changed in this
+        container whose targets it opened, and the libraries it loaded."""
         self.drain()
+        window = self.window
         agent, verifier = self.written["agent"], self.written["verifier"]
         used = []
         for key, record in self.opened.items():
             changed = record["ctime"] >= daemon.since or key in agent
             if changed and (key not in verifier or key in agent):
                 head = record["head"] or b""
+                during = record["ctime"] >= window or key in agent
+                wide = record["path"].endswith(_READ_HEADS) or during
                 used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
-                             "head": _b64(head) if record["path"].endswith(_READ_HEADS) else None})  # fmt: skip
+                             "head": _b64(head) if wide else None, "during": during})  # fmt: skip
         targets = {record["path"]: record["exec"] for record in self.opened.values()}
-        return {"used": used, "relinked": _relinked(daemon.since, targets),
+        loaded = sorted(record["path"] for record in self.opened.values()
+                        if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
+        return {"used": used, "relinked": _relinked(daemon.since, targets, workdir), "loaded": loaded,
                 "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events}}
 
     def close(self):
@@ -1532,10 +1597,12 @@ def _mount_points(pid):
     return points
 
 
-def _relinked(since, opened):
-    """Links in the program and library folders changed in this container whose targets the verifier opened."""
+def _relinked(since, opened, workdir):
+    """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
+    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder."""
     found = []
-    for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS for path in glob.glob(pattern))):
+    patterns = LINK_DIRS + ("/", workdir)
+    for folder in sorted(set(os.path.realpath(path) for pattern in patterns for path in glob.glob(pattern))):
         try:
             names = os.listdir(folder)
         except OSError:

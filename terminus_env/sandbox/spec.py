@@ -28,10 +28,10 @@ DEFAULT_STORAGE_MB = 10240
 # enough for chown, package managers (setuid/setgid), kill and binding low ports.
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL", "NET_BIND_SERVICE")
 LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # a container's log: its programs can write to it at will
-DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN")
+DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN", "LINUX_IMMUTABLE")
 """Added to the container for its main process and control daemon alone, which need them to split the container,
-to enter the agent's namespaces and to cut the container off the host; every other process in the container runs
-without them (see daemon.py)."""
+to enter the agent's namespaces, to cut the container off the host and to hold the root folder still while the
+verifier runs; every other process in the container runs without them (see daemon.py)."""
 
 
 @dataclass(frozen=True)

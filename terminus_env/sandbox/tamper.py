@@ -16,6 +16,8 @@ verifier's own runtime, which the agent must not choose:
   first: a program earlier on PATH, a standard or runner module in the working directory or a site folder, a
   shared library outside the distribution's folders;
 - ``redirected``: a link of the image's program or library folders pointed elsewhere, followed by the verifier;
+- ``changed_during``: code (a program, a module, a library) that the agent's side changed while the verifier ran
+  it: a file that comes and goes, or is renamed away once opened, is judged by when it changed, not by its name;
 - ``unwatched``: the watch lost events, so nothing the verifier ran can be vouched for.
 
 Judging runs in three steps so that the I/O stays outside: :func:`queries` says which paths need the image's
@@ -46,6 +48,7 @@ class TamperKind(Named):
     RUNNER_CONFIG = "runner_config"
     SHADOWED = "shadowed"
     REDIRECTED = "redirected"
+    CHANGED_DURING = "changed_during"
     UNWATCHED = "unwatched"
 
 
@@ -67,6 +70,8 @@ class UsedFile:
     """Its first bytes (an ELF header, ``#!``)."""
     head: bytes | None = None
     """The start of a ``.pth`` or ``entry_points.txt`` file: its lines decide what runs."""
+    during: bool = False
+    """Changed while the verifier ran, by another than the verifier."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class WatchReport:
     used: tuple[UsedFile, ...] = ()
     relinked: tuple[Relink, ...] = ()
     complete: bool = True
+    loaded: frozenset[str] = frozenset()
+    """Every shared library the verifier's processes loaded, changed or not."""
 
     @classmethod
     def from_reply(cls, reply: Mapping[str, Any]) -> WatchReport:
@@ -92,11 +99,12 @@ class WatchReport:
 
         used = tuple(
             UsedFile(item["path"], bool(item["exec"]), bytes.fromhex(item.get("magic") or ""),
-                     None if item.get("head") is None else base64.b64decode(item["head"]))
+                     None if item.get("head") is None else base64.b64decode(item["head"]), bool(item.get("during")))
             for item in reply.get("used", ())
         )  # fmt: skip
         relinked = tuple(Relink(item["path"], item["target"], bool(item["exec"])) for item in reply.get("relinked", ()))
-        return cls(used, relinked, bool((reply.get("watch") or {}).get("complete", False)))
+        complete = bool((reply.get("watch") or {}).get("complete", False))
+        return cls(used, relinked, complete, frozenset(reply.get("loaded", ())))
 
 
 @dataclass(frozen=True)
@@ -175,7 +183,7 @@ def queries(report: WatchReport, workdir: str | None) -> Queries:
         patterns.extend(_shadow_patterns(used, workdir))
     for link in report.relinked:
         diff.add(link.path)
-        patterns.extend(_program_patterns(link.path) if link.executed else _library_patterns(link.path))
+        patterns.extend(_shadow_patterns(_as_used(link), workdir))
     return Queries(frozenset(diff), tuple(dict.fromkeys(patterns)))
 
 
@@ -193,45 +201,63 @@ def judge(
     if not report.complete:
         findings.append(Finding(TamperKind.UNWATCHED, "", "the verifier's watch lost events"))
     for used in report.used:
-        findings.extend(_judge_used(used, workdir, changes, found))
+        findings.extend(_judge_used(used, workdir, changes, found, report.loaded))
     for link in report.relinked:
-        findings.extend(_judge_link(link, changes, found))
+        findings.extend(_judge_link(link, workdir, changes, found))
     return tuple(dict.fromkeys(findings))
 
 
 def _judge_used(
-    used: UsedFile, workdir: str | None, changes: Mapping[str, Change], found: Mapping[str, Sequence[Mapping[str, Any]]]
+    used: UsedFile,
+    workdir: str | None,
+    changes: Mapping[str, Change],
+    found: Mapping[str, Sequence[Mapping[str, Any]]],
+    loaded: frozenset[str],
 ) -> Iterable[Finding]:
-    path, name = used.path, posixpath.basename(used.path)
+    path, head = used.path, used.head or b""
+    yield from _judge_name(path, workdir, found, itself=path, executed=used.executed)
+    if path.endswith(".pth") and _pth_runs_code(head):
+        yield Finding(TamperKind.STARTUP_HOOK, path, "a .pth file whose import line Python runs at every start")
+    if b"[pytest11]" in head:
+        yield Finding(TamperKind.RUNNER_CONFIG, path, "registers a pytest plugin, which pytest loads on its own")
+    if used.during and _is_code(used):
+        yield Finding(TamperKind.CHANGED_DURING, path, "code the agent's side changed while the verifier ran it")
+    if used.during and any(line.strip().decode("utf-8", "replace") in loaded for line in head.splitlines()):
+        yield Finding(TamperKind.STARTUP_HOOK, path, "changed while the verifier ran, it names a library the "
+                      "verifier then loaded, as /etc/ld.so.preload does")  # fmt: skip
+    if changes.get(path) is Change.MODIFIED and _is_runtime(path) and _is_code(used):
+        yield Finding(TamperKind.RUNTIME_MODIFIED, path, "the image's runtime, modified, then run by the verifier")
+
+
+def _judge_link(
+    link: Relink, workdir: str | None, changes: Mapping[str, Change], found: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Iterable[Finding]:
+    if changes.get(link.path) is Change.MODIFIED:
+        yield Finding(TamperKind.REDIRECTED, link.path, f"the image's link now leads to {link.target}")
+    for finding in _judge_name(link.path, workdir, found, itself=link.target, executed=link.executed):
+        yield Finding(finding.kind, finding.path, f"a link to {link.target}: {finding.detail}")
+
+
+def _judge_name(
+    path: str, workdir: str | None, found: Mapping[str, Sequence[Mapping[str, Any]]], *, itself: str,
+    executed: bool = False,
+) -> Iterable[Finding]:  # fmt: skip
+    """The rules a file's name decides (the verifier reached ``itself`` by ``path``)."""
+    name = posixpath.basename(path)
     if _module_name(name) in STARTUP_MODULES:
         yield Finding(TamperKind.STARTUP_HOOK, path, "Python imports this at every start")
-    if name.endswith(".pth") and _pth_runs_code(used.head or b""):
-        yield Finding(TamperKind.STARTUP_HOOK, path, "a .pth file whose import line Python runs at every start")
     if path == LOADER_PRELOAD:
         yield Finding(TamperKind.STARTUP_HOOK, path, "the dynamic loader loads what it names into every program")
     if posixpath.dirname(path) == "/" and name in RUNNER_CONFIGS:
         yield Finding(TamperKind.RUNNER_CONFIG, path, "pytest reads it while looking for its configuration")
-    if name == "entry_points.txt" and b"[pytest11]" in (used.head or b""):
-        yield Finding(TamperKind.RUNNER_CONFIG, path, "registers a pytest plugin, which pytest loads on its own")
-    if changes.get(path) is Change.MODIFIED and _is_runtime(path) and _is_code(used):
-        yield Finding(TamperKind.RUNTIME_MODIFIED, path, "the image's runtime, modified, then run by the verifier")
-    for pattern in _shadow_patterns(used, workdir):
-        hidden = _unchanged_image_file(found.get(pattern, ()), path)
+    for pattern in _shadow_patterns(UsedFile(path, executed), workdir):
+        hidden = _unchanged_image_file(found.get(pattern, ()), itself)
         if hidden is not None:
             yield Finding(TamperKind.SHADOWED, path, f"found before the image's {hidden}")
 
 
-def _judge_link(
-    link: Relink, changes: Mapping[str, Change], found: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> Iterable[Finding]:
-    if changes.get(link.path) is Change.MODIFIED:
-        yield Finding(TamperKind.REDIRECTED, link.path, f"the image's link now leads to {link.target}")
-        return
-    patterns = _program_patterns(link.path) if link.executed else _library_patterns(link.path)
-    for pattern in patterns:
-        hidden = _unchanged_image_file(found.get(pattern, ()), link.target)
-        if hidden is not None:
-            yield Finding(TamperKind.SHADOWED, link.path, f"a link to {link.target}, found before the image's {hidden}")
+def _as_used(link: Relink) -> UsedFile:
+    return UsedFile(link.path, link.executed)
 
 
 def _unchanged_image_file(matches: Sequence[Mapping[str, Any]], itself: str) -> str | None:
