@@ -35,6 +35,7 @@ from terminus_env.tasks.compose import (
     harbor_variables,
     read_compose,
     tb1_variables,
+    unread_compose_notes,
 )
 from terminus_env.tasks.task import Task, TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
@@ -220,7 +221,10 @@ def _load_harbor(path: Path) -> Task:
         verifier_env=verifier.template_map("env", host),
         verifier_user=verifier.string("user"),
         metadata=metadata,
-        notes=() if solve.is_file() else (f"{solve} missing: the oracle cannot run",),
+        notes=(
+            *(() if solve.is_file() else (f"{solve} missing: the oracle cannot run",)),
+            *unread_compose_notes(build_context, "Harbor"),
+        ),
         **_compose_fields(compose),
     )
 
@@ -276,14 +280,18 @@ def _load_tb1(path: Path) -> Task:
     if parser != "pytest":
         raise TaskError(f"{yaml_file}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
     compose_file = find_compose_file(path)
-    if not (path / "Dockerfile").is_file():
-        if compose_file is not None:
-            raise TaskError(
-                f"{compose_file}: a Terminal-Bench 1 task whose services are all built from elsewhere (no Dockerfile "
-                "at the top of the task) is not supported: terminus-env builds the client from the task's Dockerfile "
-                "and runs the compose file's other services beside it"
-            )
-        raise TaskError(f"{path / 'Dockerfile'}: missing; Terminal-Bench 1 tasks build from a Dockerfile at the top")
+    compose = ComposeEnvironment(services=None)
+    if compose_file is not None:
+        variables = {**host_environment(), **tb1_variables(path.name)}
+        compose = read_compose(
+            compose_file, main=TB1_MAIN, main_build=None, variables=variables, image_prefix=path.name,
+            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
+        )  # fmt: skip
+    build_context = compose.main_context or path  # the client's own folder, as in simple-web-scraper
+    if not (build_context / "Dockerfile").is_file():
+        where = "the folder its docker-compose.yaml builds the client from" if compose.main_context else "its top"
+        raise TaskError(f"{build_context / 'Dockerfile'}: missing; a Terminal-Bench 1 task builds from a Dockerfile "
+                        f"in {where}")  # fmt: skip
     run_tests = path / "run-tests.sh"
     if not run_tests.is_file():
         raise TaskError(f"{run_tests}: missing; it is the Terminal-Bench 1 verifier")
@@ -302,13 +310,7 @@ def _load_tb1(path: Path) -> Task:
     unknown = {k: v for k, v in fields.raw.items() if k not in _KNOWN_TB1}
     if unknown:
         metadata["unknown_fields"] = unknown
-    compose = ComposeEnvironment(services=None)
-    if compose_file is not None:
-        variables = {**host_environment(), **tb1_variables(path.name)}
-        compose = read_compose(
-            compose_file, main=TB1_MAIN, main_build=path, variables=variables, image_prefix=path.name,
-            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
-        )  # fmt: skip
+    notes.extend(unread_compose_notes(path, "Terminal-Bench 1"))
     return Task(
         name=path.name,
         instruction=instruction,
@@ -317,7 +319,7 @@ def _load_tb1(path: Path) -> Task:
         tests_dir=path / "tests",
         verifier_script=run_tests,
         solution_path=solution if solution.is_file() else None,
-        build_context=path,
+        build_context=build_context,
         agent_timeout_s=fields.seconds("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S),
         verifier_timeout_s=fields.seconds("max_test_timeout_sec", TB1_TEST_TIMEOUT_S),
         build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
