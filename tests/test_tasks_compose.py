@@ -318,6 +318,8 @@ def compose_error(tmp_path: Path, compose: str) -> str:
         ("services:\n  db:\n    build: {context: ./db, target: dev}\n", "'build.target' of service 'db'"),
         ("services:\n  main:\n    entrypoint: [x]\n  db:\n    build: ./db\n", "setting 'entrypoint' of service 'main'"),
         ("services:\n  main:\n    user: app\n", "setting 'user' of service 'main'"),
+        ("services:\n  main:\n    command: [/usr/local/bin/run-connector.sh]\n",
+         "command '/usr/local/bin/run-connector.sh' of the agent's service 'main' (its container runs the harness's"),
         ("services:\n  db:\n    build: ./db\nsecrets:\n  s: {file: x}\n", "top-level 'secrets'"),
         ("services:\n  db:\n    build: ./db\n    deploy: {replicas: 3}\n", "deploy.replicas of service 'db'"),
     ],

@@ -12,7 +12,7 @@ neither does this module. terminus-env starts these itself through the Docker AP
   default set), ``init``, ``hostname`` and ``container_name`` (as names on the episode's network);
 - ignored, because they change nothing here: ports, restart policies, labels, logging, networks (every service
   shares the episode's one network), and the harness's own settings on the main service (its image name, its
-  keep-alive command, the log folders it mounts);
+  keep-alive command, the log folders it mounts); a main ``command`` that is no keep-alive is refused;
 - anything else refuses the task, naming the setting, rather than running it differently from its author's intent.
 
 Variables (``${VAR}``) are resolved as Docker Compose does: from the harness's own variables (Terminal-Bench's
@@ -62,6 +62,8 @@ _MAIN_KEYS = _IGNORED | _COMMON | {"healthcheck"}  # the main container's keep-a
 _SIDECAR_KEYS = _IGNORED | _COMMON | {"entrypoint", "user", "healthcheck", "cap_add"}
 _TOP_KEYS = frozenset({"services", "version", "name", "networks", "volumes"})
 _HARNESS_MOUNT = re.compile(r"\$\{?(T_BENCH_|HOST_|ENV_)")  # the harness's log folders, mounted by the harness
+_KEEP_ALIVE = re.compile(r"\bsleep\s+(?:infinity|inf)\b|\btail\s+-f\s+/dev/null\b")
+"""The agent's service's command in every real compose file: a keep-alive, which the harness's own replaces."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmg]?)b?\s*$", re.IGNORECASE)
 _BYTES_PER_UNIT = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -202,6 +204,12 @@ def _main(reader: _Reader, name: str, body: Mapping[str, Any], main_build: Path 
     if build is not None and build.args:
         raise reader.refuse(
             f"'build.args' of the agent's service '{name}' (write the values into its Dockerfile as ARG defaults)"
+        )
+    command = _argv(reader, body.get("command"), f"{name}.command")
+    if command is not None and not _KEEP_ALIVE.search(" ".join(command)):
+        raise reader.refuse(
+            f"command {shlex.join(command)!r} of the agent's service '{name}' (its container runs the harness's "
+            "keep-alive; start the program from the image's ENTRYPOINT, which runs, ending with `exec \"$@\"`)"
         )
     _harness_mounts_only(reader, name, body.get("volumes"))
     network_mode = reader.text(body.get("network_mode", "bridge"), f"{name}.network_mode")
