@@ -54,4 +54,5 @@ REQUIRE_DOCKER = "TERMINUS_REQUIRE_DOCKER"
 REQUIRE_RAY = "TERMINUS_REQUIRE_RAY"  # tests: a missing Ray fails the fleet tests instead of skipping them
 BASE_IMAGE = "TERMINUS_BASE_IMAGE"
 DEBIAN_MIRROR = "TERMINUS_DEBIAN_MIRROR"
+BUILDER = "TERMINUS_BUILDER"  # which builder builds images: auto (BuildKit where the engine has it), buildkit, classic
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # which GPUs `terminus-env serve` may hand out

@@ -29,6 +29,14 @@ def run_fixture(docker_required: None) -> Iterator[Runner]:
         loop.close()
 
 
+@pytest.fixture(name="client", scope="module")
+def client_fixture(docker_required: None) -> Iterator[docker.DockerClient]:
+    """A client of the engine, for a test module to look at what was built or started."""
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
 @pytest.fixture(name="sandbox", scope="module")
 def sandbox_fixture(run: Runner) -> Iterator[Sandbox]:
     """One default sandbox shared by a module's tests."""

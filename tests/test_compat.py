@@ -32,7 +32,10 @@ from terminus_env.tasks.check import check_task
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parent.parent
 COMPAT = Path(__file__).resolve().parent / "compat"
-RUNNABLE = ["compose-sidecar", "entrypoint-service", "env-templates", "prebuilt-image", "tb1-multi-service"]
+RUNNABLE = [
+    "compose-sidecar", "compose-yml-data", "entrypoint-service", "env-templates", "harbor-newer-fields",
+    "prebuilt-image", "tb1-client-folder", "tb1-multi-service",
+]  # fmt: skip
 REFUSED = {"multi-step-refused": "multi-step tasks are not supported"}
 HOST_VARIABLES = {"COMPAT_DEPLOY_TOKEN": "tok-5f3a9c"}  # what env-templates asks the host for
 

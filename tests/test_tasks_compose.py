@@ -114,11 +114,75 @@ def test_a_compose_only_environment_is_refused_by_name(tmp_path: Path) -> None:
     legacy = tb1_task(tmp_path)
     (legacy / "Dockerfile").unlink()
     write(legacy / "docker-compose.yaml", "services:\n  client:\n    build: ./client\n")
-    with pytest.raises(TaskError, match="services are all built from elsewhere"):
+    with pytest.raises(TaskError, match=r"client/Dockerfile: missing; .* the folder its docker-compose.yaml builds"):
+        load_task(legacy)
+
+
+def test_a_tb1_client_built_from_a_folder_of_its_own(tmp_path: Path) -> None:
+    """Terminal-Bench 1's harness builds the client where its compose file says, as simple-web-scraper's does."""
+    legacy = tb1_task(tmp_path)
+    (legacy / "Dockerfile").unlink()
+    for service in ("client", "server"):
+        write(legacy / service / "Dockerfile", "FROM terminus-env/base:bookworm\n")
+    compose = textwrap.dedent(
+        """\
+        services:
+          client:
+            build: {context: client, dockerfile: Dockerfile}
+            image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}
+            container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}
+            networks: [app-network]
+            depends_on: {server: {condition: service_healthy}}
+          server:
+            build: {context: server}
+            image: ${T_BENCH_TASK_DOCKER_NAME_PREFIX}__server
+            networks: [app-network]
+        networks:
+          app-network: {driver: bridge}
+        """
+    )
+    write(legacy / "docker-compose.yaml", compose)
+    task = load_task(legacy)
+    assert task.build_context == legacy / "client" and task.services is not None
+    assert [s.name for s in task.services.sidecars] == ["server"]
+    assert task.services.main_depends_on == (Dependency("server", Condition.HEALTHY),)
+    write(legacy / "docker-compose.yaml", compose.replace("dockerfile: Dockerfile}", "dockerfile: Dockerfile.dev}"))
+    with pytest.raises(TaskError, match=r"'build.dockerfile' 'Dockerfile.dev' of the agent's service 'client' .*"
+                       r"rename the file to Dockerfile\) is not supported"):  # fmt: skip
+        load_task(legacy)
+    write(legacy / "docker-compose.yaml", compose.replace("dockerfile: Dockerfile}", "args: {V: '1'}}"))
+    with pytest.raises(TaskError, match=r"'build.args' of the agent's service 'client' \(write the values"):
         load_task(legacy)
 
 
 # --- compose files -------------------------------------------------------------------------------
+
+
+def test_only_docker_compose_yaml_is_a_compose_file_as_in_harbor_and_terminal_bench_1(tmp_path: Path) -> None:
+    """Harbor reads environment/docker-compose.yaml, Terminal-Bench 1 the task's docker-compose.yaml, and nothing
+    else: a file by another name is data in the build context (a real task ships a broken one for the agent)."""
+    folder = harbor_task(tmp_path)
+    broken = 'services:\n  app:\n    image: "registry.local/app:${TAG"\n    volumes: [appdata:/data]\n'
+    write(folder / "environment" / "docker-compose.yml", broken)
+    write(folder / "environment" / "compose.yaml", broken)
+    task = load_task(folder)
+    assert task.services is None and task.build_context == folder / "environment"
+    assert [note.split(" is not read")[0] for note in task.notes] == [
+        str(folder / "environment" / "docker-compose.yml"), str(folder / "environment" / "compose.yaml")
+    ]
+    assert "(Harbor reads only docker-compose.yaml): it is a file like any other in the build context" in task.notes[0]
+    write(folder / "environment" / "docker-compose.yaml", "services:\n  main:\n    environment: {FROM: yaml}\n")
+    assert load_task(folder).env["FROM"] == "yaml"  # beside it, the .yaml one is read
+    (folder / "environment" / "Dockerfile").unlink()
+    (folder / "environment" / "docker-compose.yaml").unlink()
+    with pytest.raises(TaskError, match=r"Dockerfile: missing and \[environment\] docker_image unset"):
+        load_task(folder)  # a .yml is no environment definition either, as Harbor says
+
+    legacy = tb1_task(tmp_path)
+    write(legacy / "docker-compose.yml", "services:\n  client:\n    working_dir: /ignored\n    privileged: true\n")
+    task = load_task(legacy)
+    assert task.workdir is None and task.services is None
+    assert any("(Terminal-Bench 1 reads only docker-compose.yaml)" in note for note in task.notes)
 
 
 def harbor_compose(tmp_path: Path, compose: str, toml: str = 'version = "1.0"\n'):
@@ -254,6 +318,8 @@ def compose_error(tmp_path: Path, compose: str) -> str:
         ("services:\n  db:\n    build: {context: ./db, target: dev}\n", "'build.target' of service 'db'"),
         ("services:\n  main:\n    entrypoint: [x]\n  db:\n    build: ./db\n", "setting 'entrypoint' of service 'main'"),
         ("services:\n  main:\n    user: app\n", "setting 'user' of service 'main'"),
+        ("services:\n  main:\n    command: [/usr/local/bin/run-connector.sh]\n",
+         "command '/usr/local/bin/run-connector.sh' of the agent's service 'main' (its container runs the harness's"),
         ("services:\n  db:\n    build: ./db\nsecrets:\n  s: {file: x}\n", "top-level 'secrets'"),
         ("services:\n  db:\n    build: ./db\n    deploy: {replicas: 3}\n", "deploy.replicas of service 'db'"),
     ],

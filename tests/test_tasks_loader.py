@@ -122,12 +122,11 @@ def test_memory_mb_wins_over_legacy_string(tmp_path: Path) -> None:
     assert task.memory_mb == 1024
 
 
-def test_unknown_fields_are_kept(tmp_path: Path) -> None:
-    toml = 'schema_version = "2"\nfuture = 1\n[custom]\nx = 2\n[environment]\ngpus = 1\n[verifier]\nretries = 3\n'
+def test_unknown_fields_are_kept_and_named_in_a_note(tmp_path: Path) -> None:
+    toml = 'schema_version = "2"\nfuture = 1\n[custom]\nx = 2\n[environment]\ngpus = 0\n[verifier]\nretries = 3\n'
     task = load_task(harbor_task(tmp_path, toml=toml))
-    assert task.metadata["unknown_fields"] == {
-        "future": 1, "custom": {"x": 2}, "environment.gpus": 1, "verifier.retries": 3,
-    }  # fmt: skip
+    assert task.metadata["unknown_fields"] == {"future": 1, "custom": {"x": 2}, "verifier.retries": 3}
+    assert task.notes == ("fields outside Harbor's task.toml are ignored: future, custom, verifier.retries",)
 
 
 def test_tb1_fields(tmp_path: Path) -> None:
@@ -140,7 +139,7 @@ def test_tb1_fields(tmp_path: Path) -> None:
     assert task.solution_path == tmp_path / "legacy" / "solution.sh"
     assert dict(task.verifier_env) == {"TEST_DIR": "/tests"}
     assert (task.difficulty, task.category, task.metadata["tags"]) == ("medium", "system", ["files"])
-    assert task.metadata["unknown_fields"] == {"expert_time_estimate_min": 5}
+    assert task.metadata["expert_time_estimate_min"] == 5 and "unknown_fields" not in task.metadata
 
 
 def test_tb1_defaults_and_old_descriptions(tmp_path: Path) -> None:

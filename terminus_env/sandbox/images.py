@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -26,6 +29,9 @@ import requests
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from terminus_env import config
+from terminus_env.config import ConfigError
+from terminus_env.sandbox import buildkit
+from terminus_env.sandbox.builders import Builder, BuilderChoice, builder_setting, choose_builder, failure_reason
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import ImageBuildError
 from terminus_env.sidecars import Sidecar
@@ -103,7 +109,8 @@ def _build_from_debian(client: docker.DockerClient, tag: str, log: Callable[[str
         "ENV LANG=C.UTF-8\n"
     )
     log(f"building {tag} from debian:bookworm")
-    _run_build(client, tag, tag, {"fileobj": io.BytesIO(dockerfile.encode())}, timeout=1800)
+    _run_build(client, tag, tag, docker.utils.mkbuildcontext(io.BytesIO(dockerfile.encode())), timeout=1800,
+               recipe=dockerfile)  # fmt: skip
 
 
 def _debootstrap_and_import(client: docker.DockerClient, tag: str, mirror: str, log: Callable[[str], None]) -> None:
@@ -158,7 +165,8 @@ def ensure_image(
     if not recipe.is_file():
         raise ImageBuildError(name, f"no {dockerfile} in {context_dir}: add one or point at the right folder")
     client = connect(client)
-    parents = _from_images(recipe.read_text(errors="replace"))
+    text = recipe.read_text(errors="replace")
+    parents = _from_images(text)
     if base_image_tag() in parents:
         ensure_base_image(client=client)
     args = tuple(args)
@@ -167,9 +175,9 @@ def ensure_image(
     if _image_exists(client, tag):
         return tag
     context = str(context_dir.resolve())
-    with context_tar(context_dir) as archive:
-        source = {"fileobj": archive, "custom_context": True, "dockerfile": dockerfile, "buildargs": dict(args)}
-        _run_build(client, tag, name, source, timeout=build_timeout, labels={CONTEXT_LABEL: context})
+    with context_tar(context_dir, dockerfile) as archive:
+        _run_build(client, tag, name, archive, build_timeout, dockerfile=dockerfile, args=dict(args),
+                   labels={CONTEXT_LABEL: context}, recipe=text)  # fmt: skip
     _untag_replaced(client, tag, context)
     return tag
 
@@ -215,12 +223,25 @@ def _split_reference(reference: str) -> tuple[str, str]:
     return reference, "latest"
 
 
-def context_tar(context_dir: Path) -> IO[bytes]:
-    """The build context as docker-py sends it (honouring .dockerignore), less bytecode caches."""
+def context_tar(context_dir: Path, dockerfile: str = "Dockerfile") -> IO[bytes]:
+    """The build context as a tar: what docker-py would send (honouring .dockerignore, keeping the Dockerfile), less
+    bytecode caches. BuildKit tells a tar from a bare Dockerfile by its first 1,024 bytes, so the Dockerfile comes
+    first and mtimes are whole seconds (Python gives a fractional one a PAX header of its own, before the file)."""
     ignore_file = context_dir / ".dockerignore"
     lines = ignore_file.read_text(errors="replace").splitlines() if ignore_file.is_file() else []
     patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-    return docker.utils.tar(str(context_dir), exclude=[*patterns, f"**/{BYTECODE_DIR}"])
+    names = docker.utils.exclude_paths(str(context_dir), [*patterns, f"**/{BYTECODE_DIR}"], dockerfile=dockerfile)
+    archive = tempfile.NamedTemporaryFile()  # noqa: SIM115 - the caller closes it (it is what it gets)
+    with tarfile.open(mode="w", fileobj=archive) as tar:
+        for name in sorted(names, key=lambda name: (name != dockerfile, name)):
+            tar.add(context_dir / name, arcname=name, recursive=False, filter=_whole_seconds)
+    archive.seek(0)
+    return archive
+
+
+def _whole_seconds(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime = int(info.mtime)
+    return info
 
 
 def slug(name: str) -> str:
@@ -267,30 +288,76 @@ def _from_images(dockerfile: str) -> set[str]:
 
 
 def _run_build(
-    client: docker.DockerClient, tag: str, name: str, source: dict, timeout: float, labels: dict[str, str] | None = None
-) -> None:
-    """Stream a build, keep the log's tail for errors, and give up after ``timeout`` seconds."""
-    lines: list[str] = []
+    client: docker.DockerClient, tag: str, name: str, archive: IO[bytes], timeout: float, *,
+    dockerfile: str = "Dockerfile", args: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+    recipe: str = "",
+) -> None:  # fmt: skip
+    """Build ``archive`` (a build context's tar) into ``tag`` with BuildKit where the engine has it, else with the
+    classic builder; give up after ``timeout`` seconds. A failure names the builder, why that one, and the log's
+    tail; ``recipe`` (the Dockerfile's text) lets it say what to change."""
+    version = _engine_version(client, name)
+    try:
+        choice = choose_builder(builder_setting(), version)
+    except ConfigError as exc:
+        raise ImageBuildError(name, str(exc)) from exc
+    engine = str(version.get("Version", "of unknown version"))
+    labels = {IMAGE_LABEL: "1", **(labels or {})}
+    if choice.builder is Builder.BUILDKIT:
+        params = {"t": tag, "dockerfile": dockerfile, "labels": json.dumps(labels), "buildargs": json.dumps(args or {})}
+        try:
+            _follow(client, tag, name, buildkit.start_build(client, archive, params, timeout), timeout,
+                    lambda error: failure_reason(choice, error, recipe, engine))  # fmt: skip
+            return
+        except buildkit.BuildkitRefused as exc:
+            choice = BuilderChoice(Builder.CLASSIC, f"the engine refused a BuildKit build: {exc}")
+            archive.seek(0)
+    classic = _classic_build(client, tag, archive, timeout, dockerfile=dockerfile, args=args or {}, labels=labels)
+    _follow(client, tag, name, classic, timeout, lambda error: failure_reason(choice, error, recipe, engine))
+
+
+def _classic_build(
+    client: docker.DockerClient, tag: str, archive: IO[bytes], timeout: float, *, dockerfile: str,
+    args: Mapping[str, str], labels: Mapping[str, str],
+) -> Iterator[dict]:  # fmt: skip
+    """The classic builder's messages; the request goes out when the first one is asked for."""
+    yield from client.api.build(
+        fileobj=archive, custom_context=True, tag=tag, dockerfile=dockerfile, buildargs=dict(args), rm=True,
+        forcerm=True, decode=True, labels=dict(labels), timeout=timeout,
+    )  # fmt: skip
+
+
+def _engine_version(client: docker.DockerClient, name: str) -> Mapping[str, object]:
+    try:
+        return client.version()
+    except (DockerException, requests.RequestException) as exc:
+        raise ImageBuildError(name, f"the engine stopped answering ({exc})") from exc
+
+
+def _follow(
+    client: docker.DockerClient, tag: str, name: str, messages: Iterator[dict], timeout: float,
+    reason: Callable[[str], str],
+) -> None:  # fmt: skip
+    """Read a build's messages (either builder's) into a log, until the image is there or the build fails."""
+    log = buildkit.BuildLog()
     deadline = time.monotonic() + timeout
     try:
-        stream = client.api.build(
-            tag=tag, rm=True, forcerm=True, decode=True, labels={IMAGE_LABEL: "1", **(labels or {})}, timeout=timeout,
-            **source,
-        )  # fmt: skip
-        for chunk in stream:
-            if "stream" in chunk:
-                lines.extend(chunk["stream"].splitlines())
-            if "error" in chunk:
-                raise ImageBuildError(name, chunk["error"].strip(), _tail("\n".join(lines)))
-            if time.monotonic() > deadline:
-                stream.close()
-                raise ImageBuildError(name, f"the build took longer than {timeout:g} s", _tail("\n".join(lines)))
+        with closing(messages):
+            for message in messages:
+                if message.get("id") == buildkit.TRACE:
+                    log.feed(message.get("aux"))
+                elif "stream" in message:
+                    log.lines.extend(str(message["stream"]).splitlines())
+                if "error" in message:
+                    log.flush()
+                    raise ImageBuildError(name, reason(str(message["error"]).strip()), _tail(log.text()))
+                if time.monotonic() > deadline:
+                    raise ImageBuildError(name, f"the build took longer than {timeout:g} s", _tail(log.text()))
     except (APIError, BuildError) as exc:
-        raise ImageBuildError(name, str(exc), _tail("\n".join(lines))) from exc
+        raise ImageBuildError(name, reason(str(exc)), _tail(log.text())) from exc
     except (DockerException, requests.RequestException) as exc:
-        raise ImageBuildError(name, f"the engine stopped answering ({exc})", _tail("\n".join(lines))) from exc
+        raise ImageBuildError(name, f"the engine stopped answering ({exc})", _tail(log.text())) from exc
     if not _image_exists(client, tag):
-        raise ImageBuildError(name, "the build ended without producing the image", _tail("\n".join(lines)))
+        raise ImageBuildError(name, "the build ended without producing the image", _tail(log.text()))
 
 
 def _tail(text: str) -> str:

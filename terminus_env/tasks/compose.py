@@ -2,7 +2,8 @@
 
 Harbor puts ``environment/docker-compose.yaml`` beside the Dockerfile; its service ``main`` is the agent's container
 and every other service is a sidecar. Terminal-Bench 1 puts ``docker-compose.yaml`` at the top of the task; its
-``client`` service is the agent's. terminus-env starts these itself through the Docker API (see
+``client`` service is the agent's. Neither reads a compose file by another name (``docker-compose.yml``), and
+neither does this module. terminus-env starts these itself through the Docker API (see
 ``terminus_env.sandbox.services``), so only the settings below are read:
 
 - honoured: ``build``, ``image``, ``command``, ``entrypoint``, ``environment``, ``env_file``, ``working_dir``,
@@ -11,7 +12,7 @@ and every other service is a sidecar. Terminal-Bench 1 puts ``docker-compose.yam
   default set), ``init``, ``hostname`` and ``container_name`` (as names on the episode's network);
 - ignored, because they change nothing here: ports, restart policies, labels, logging, networks (every service
   shares the episode's one network), and the harness's own settings on the main service (its image name, its
-  keep-alive command, the log folders it mounts);
+  keep-alive command, the log folders it mounts); a main ``command`` that is no keep-alive is refused;
 - anything else refuses the task, naming the setting, rather than running it differently from its author's intent.
 
 Variables (``${VAR}``) are resolved as Docker Compose does: from the harness's own variables (Terminal-Bench's
@@ -35,7 +36,12 @@ from terminus_env.sidecars import Build, Condition, Dependency, Healthcheck, Ser
 from terminus_env.tasks.task import TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
 
-COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml")
+COMPOSE_FILE = "docker-compose.yaml"
+"""The one compose file both harnesses read: Harbor's in ``environment/`` (``harbor.environments.definition``
+0.26.0: ``COMPOSE_FILE_NAME``), Terminal-Bench 1's at the task's top (``TaskPaths.docker_compose_path``)."""
+UNREAD_COMPOSE_NAMES = ("docker-compose.yml", "compose.yaml", "compose.yml")
+"""Names Docker Compose would read, but neither harness does: such a file is data in the build context (one real
+task ships a deliberately broken ``docker-compose.yml`` for the agent to fix)."""
 HARBOR_MAIN = "main"
 TB1_MAIN = "client"
 DOCKER_DEFAULT_CAPABILITIES = frozenset(
@@ -56,6 +62,8 @@ _MAIN_KEYS = _IGNORED | _COMMON | {"healthcheck"}  # the main container's keep-a
 _SIDECAR_KEYS = _IGNORED | _COMMON | {"entrypoint", "user", "healthcheck", "cap_add"}
 _TOP_KEYS = frozenset({"services", "version", "name", "networks", "volumes"})
 _HARNESS_MOUNT = re.compile(r"\$\{?(T_BENCH_|HOST_|ENV_)")  # the harness's log folders, mounted by the harness
+_KEEP_ALIVE = re.compile(r"\bsleep\s+(?:infinity|inf)\b|\btail\s+-f\s+/dev/null\b")
+"""The agent's service's command in every real compose file: a keep-alive, which the harness's own replaces."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmg]?)b?\s*$", re.IGNORECASE)
 _BYTES_PER_UNIT = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -78,10 +86,24 @@ class ComposeEnvironment:
     extra_hosts: tuple[tuple[str, str], ...] = ()
     no_network: bool = False
     """The main service has ``network_mode: none``."""
+    main_context: Path | None = None
+    """The folder whose Dockerfile the agent's image builds from, where the file says (Terminal-Bench 1's client
+    may be built from a folder of its own, as in ``simple-web-scraper``)."""
 
 
 def find_compose_file(folder: Path) -> Path | None:
-    return next((folder / name for name in COMPOSE_FILES if (folder / name).is_file()), None)
+    file = folder / COMPOSE_FILE
+    return file if file.is_file() else None
+
+
+def unread_compose_notes(folder: Path, harness: str) -> tuple[str, ...]:
+    """A note for each file beside the task's compose file that Docker Compose would read and ``harness`` does not."""
+    return tuple(
+        f"{folder / name} is not read as a compose file ({harness} reads only {COMPOSE_FILE}): it is a file like any "
+        "other in the build context"
+        for name in UNREAD_COMPOSE_NAMES
+        if (folder / name).is_file()
+    )
 
 
 def tb1_variables(task_name: str) -> dict[str, str]:
@@ -116,11 +138,12 @@ def harbor_variables(
 
 
 def read_compose(
-    file: Path, *, main: str, main_build: Path, variables: Mapping[str, str], image_prefix: str,
+    file: Path, *, main: str, main_build: Path | None, variables: Mapping[str, str], image_prefix: str,
     build_timeout_s: float,
 ) -> ComposeEnvironment:  # fmt: skip
-    """Read ``file``; ``main`` names the agent's service (Terminal-Bench 1: its ``client`` or the only service),
-    built from ``main_build``'s Dockerfile; sidecar images are named after ``image_prefix``."""
+    """Read ``file``; ``main`` names the agent's service (Terminal-Bench 1: its ``client`` or the only service). The
+    agent's image is built from ``main_build``'s Dockerfile (Harbor's ``environment/``), or, with None, from the
+    folder the service's own ``build`` names (Terminal-Bench 1). Sidecar images are named after ``image_prefix``."""
     try:
         raw = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -165,15 +188,29 @@ def _main_name(reader: _Reader, services: dict[str, dict[str, Any]], main: str) 
     )
 
 
-def _main(reader: _Reader, name: str, body: Mapping[str, Any], main_build: Path) -> ComposeEnvironment:
+def _main(reader: _Reader, name: str, body: Mapping[str, Any], main_build: Path | None) -> ComposeEnvironment:
     reader.check_keys(name, body, _MAIN_KEYS)
-    if "build" in body:
-        build = _build(reader, name, body["build"])
-        if build.context != main_build.resolve() or build.dockerfile != "Dockerfile":
-            raise TaskError(
-                f"{reader.file}: service '{name}' builds from {build.context / build.dockerfile}; the agent's "
-                f"container is built from {main_build / 'Dockerfile'}, so point its build there"
-            )
+    build = _build(reader, name, body["build"]) if "build" in body else None
+    if build is not None and main_build is not None and build.context != main_build.resolve():
+        raise TaskError(
+            f"{reader.file}: service '{name}' builds from {build.context / build.dockerfile}; the agent's "
+            f"container is built from {main_build / 'Dockerfile'}, so point its build there"
+        )
+    if build is not None and build.dockerfile != "Dockerfile":
+        raise reader.refuse(
+            f"'build.dockerfile' {build.dockerfile!r} of the agent's service '{name}' (its image is built from the "
+            "context's Dockerfile: rename the file to Dockerfile)"
+        )
+    if build is not None and build.args:
+        raise reader.refuse(
+            f"'build.args' of the agent's service '{name}' (write the values into its Dockerfile as ARG defaults)"
+        )
+    command = _argv(reader, body.get("command"), f"{name}.command")
+    if command is not None and not _KEEP_ALIVE.search(" ".join(command)):
+        raise reader.refuse(
+            f"command {shlex.join(command)!r} of the agent's service '{name}' (its container runs the harness's "
+            "keep-alive; start the program from the image's ENTRYPOINT, which runs, ending with `exec \"$@\"`)"
+        )
     _harness_mounts_only(reader, name, body.get("volumes"))
     network_mode = reader.text(body.get("network_mode", "bridge"), f"{name}.network_mode")
     if network_mode not in ("none", "bridge", "default"):
@@ -190,6 +227,7 @@ def _main(reader: _Reader, name: str, body: Mapping[str, Any], main_build: Path)
         tmpfs=_tmpfs(reader, name, body.get("tmpfs")),
         extra_hosts=_extra_hosts(reader, name, body.get("extra_hosts")),
         no_network=network_mode == "none",
+        main_context=None if build is None else build.context,
     )
 
 

@@ -126,7 +126,8 @@ async def apply_oracle(sandbox: Sandbox, task: Task) -> ExecResult:
     else:
         await sandbox.put_file(task.solution_path.read_bytes(), f"{SOLUTION_DIR}/{task.solution_path.name}", mode=0o755)
     return await sandbox.exec(
-        f"bash {SOLUTION_DIR}/{task.solution_path.name}", timeout=task.agent_time_limit_s, user=task.agent_user
+        f"bash {SOLUTION_DIR}/{task.solution_path.name}", timeout=task.agent_time_limit_s, user=task.agent_user,
+        env=task.solution_env,
     )
 
 

@@ -35,7 +35,9 @@ from terminus_env.tasks.compose import (
     harbor_variables,
     read_compose,
     tb1_variables,
+    unread_compose_notes,
 )
+from terminus_env.tasks.harbor_fields import NetworkMode, mcp_section, network_mode, refusal, unknown_fields
 from terminus_env.tasks.task import Task, TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
 
@@ -51,19 +53,11 @@ HARBOR_BUILD_TIMEOUT_S = 600.0
 TB1_AGENT_TIMEOUT_S = 360.0
 TB1_TEST_TIMEOUT_S = 60.0
 
-_KNOWN_HARBOR = {
-    "": {"version", "schema_version", "task", "metadata", "verifier", "agent", "environment", "solution"},
-    "verifier": {"timeout_sec", "env", "user"},
-    "agent": {"timeout_sec", "user"},
-    "environment": {
-        "build_timeout_sec", "docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage",
-        "allow_internet", "env", "workdir", "type",
-    },
-}
 _KNOWN_TB1 = {
     "instruction", "descriptions", "difficulty", "category", "tags", "parser_name", "max_agent_timeout_sec",
-    "max_test_timeout_sec", "run_tests_in_same_shell", "author_email", "author_name",
-}
+    "max_test_timeout_sec", "run_tests_in_same_shell", "author_email", "author_name", "disable_asciinema",
+    "estimated_duration_sec", "expert_time_estimate_min", "junior_time_estimate_min",
+}  # fmt: skip
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 # The build copies the repository's tasks/ into this folder of the terminus_env.tasks package (pyproject.toml).
@@ -157,7 +151,7 @@ def _load_harbor(path: Path) -> Task:
         raise TaskError(f"{toml_file}: TOML syntax error: {exc}") from exc
     fields = _Fields(toml_file, config_table)
     verifier, agent, environment = fields.table("verifier"), fields.table("agent"), fields.table("environment")
-    _refuse_unsupported_harbor(path, config_table, environment)
+    network = _refuse_unsupported_harbor(path, config_table, environment)
 
     instruction_file = path / "instruction.md"
     if not instruction_file.is_file():
@@ -182,9 +176,13 @@ def _load_harbor(path: Path) -> Task:
     metadata = dict(fields.table("metadata").raw)
     if "task" in config_table:
         metadata["task"] = fields.table("task").raw
-    unknown = _unknown_harbor_fields(config_table)
+    unknown = unknown_fields(config_table)
     if unknown:
         metadata["unknown_fields"] = unknown
+    try:
+        mcp = mcp_section(environment.raw.get("mcp_servers"))
+    except ValueError as exc:
+        raise TaskError(f"{toml_file}: field 'environment.mcp_servers': {exc}") from None
 
     build_timeout = environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S)
     cpus = environment.bounded("cpus", MIN_CPUS, MAX_CPUS)
@@ -199,7 +197,7 @@ def _load_harbor(path: Path) -> Task:
         )  # fmt: skip
     return Task(
         name=path.name,
-        instruction=_read_text(instruction_file),
+        instruction=_read_text(instruction_file) + (mcp or ""),
         path=path,
         source_format="harbor",
         tests_dir=tests_dir,
@@ -213,20 +211,28 @@ def _load_harbor(path: Path) -> Task:
         cpus=compose.cpus if compose.cpus is not None else cpus,  # Harbor lays the task's compose file last
         memory_mb=compose.memory_mb if compose.memory_mb is not None else memory_mb,
         storage_mb=environment.megabytes("storage_mb", "storage", MIN_STORAGE_MB, MAX_STORAGE_MB),
-        allow_internet=environment.boolean("allow_internet", True) and not compose.no_network,
+        allow_internet=network is not NetworkMode.NO_NETWORK and not compose.no_network,
         env={**dict(compose.env), **environment.template_map("env", host)},
         workdir=environment.string("workdir") or compose.workdir,
-        agent_user=agent.string("user"),
+        agent_user=agent.user("user"),
         verifier_env=verifier.template_map("env", host),
-        verifier_user=verifier.string("user"),
+        verifier_user=verifier.user("user"),
+        solution_env=fields.table("solution").template_map("env", host),
         metadata=metadata,
-        notes=() if solve.is_file() else (f"{solve} missing: the oracle cannot run",),
+        notes=(
+            *(() if solve.is_file() else (f"{solve} missing: the oracle cannot run",)),
+            *unread_compose_notes(build_context, "Harbor"),
+            *((f"fields outside Harbor's task.toml are ignored: {', '.join(unknown)}",) if unknown else ()),
+        ),
         **_compose_fields(compose),
     )
 
 
-def _refuse_unsupported_harbor(path: Path, config_table: Mapping[str, Any], environment: _Fields) -> None:
-    """Refuse, by name, what cannot run as a single Docker task, before anything else can be reported missing."""
+def _refuse_unsupported_harbor(
+    path: Path, config_table: Mapping[str, Any], environment: _Fields
+) -> NetworkMode | None:
+    """Refuse, by name, what cannot run as a single Docker task, before anything else can be reported missing;
+    return the task's one network policy (None: the default)."""
     if "steps" in config_table or (path / "steps").is_dir():
         where = "[[steps]] in task.toml" if "steps" in config_table else f"a {path / 'steps'} folder"
         raise TaskError(
@@ -239,6 +245,11 @@ def _refuse_unsupported_harbor(path: Path, config_table: Mapping[str, Any], envi
             f"{path / 'task.toml'}: field 'environment.type' is {kind!r}; terminus-env runs only Docker environments "
             "(type = \"docker\", or no type)"
         )
+    mode, problem = network_mode(config_table)
+    problem = refusal(config_table) or problem
+    if problem is not None:
+        raise TaskError(f"{path / 'task.toml'}: {problem}")
+    return mode
 
 
 def _compose_fields(compose: ComposeEnvironment) -> dict[str, Any]:
@@ -247,15 +258,6 @@ def _compose_fields(compose: ComposeEnvironment) -> dict[str, Any]:
         "pids_limit": compose.pids_limit, "shm_size_mb": compose.shm_size_mb, "tmpfs": compose.tmpfs,
         "extra_hosts": compose.extra_hosts, "services": compose.services,
     }  # fmt: skip
-
-
-def _unknown_harbor_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = {key: value for key, value in config.items() if key not in _KNOWN_HARBOR[""]}
-    for section, known in _KNOWN_HARBOR.items():
-        table = config.get(section) if section else None
-        if isinstance(table, Mapping):
-            unknown.update({f"{section}.{k}": v for k, v in table.items() if k not in known})
-    return unknown
 
 
 # --- Terminal-Bench 1 ----------------------------------------------------------------------------
@@ -276,14 +278,18 @@ def _load_tb1(path: Path) -> Task:
     if parser != "pytest":
         raise TaskError(f"{yaml_file}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
     compose_file = find_compose_file(path)
-    if not (path / "Dockerfile").is_file():
-        if compose_file is not None:
-            raise TaskError(
-                f"{compose_file}: a Terminal-Bench 1 task whose services are all built from elsewhere (no Dockerfile "
-                "at the top of the task) is not supported: terminus-env builds the client from the task's Dockerfile "
-                "and runs the compose file's other services beside it"
-            )
-        raise TaskError(f"{path / 'Dockerfile'}: missing; Terminal-Bench 1 tasks build from a Dockerfile at the top")
+    compose = ComposeEnvironment(services=None)
+    if compose_file is not None:
+        variables = {**host_environment(), **tb1_variables(path.name)}
+        compose = read_compose(
+            compose_file, main=TB1_MAIN, main_build=None, variables=variables, image_prefix=path.name,
+            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
+        )  # fmt: skip
+    build_context = compose.main_context or path  # the client's own folder, as in simple-web-scraper
+    if not (build_context / "Dockerfile").is_file():
+        where = "the folder its docker-compose.yaml builds the client from" if compose.main_context else "its top"
+        raise TaskError(f"{build_context / 'Dockerfile'}: missing; a Terminal-Bench 1 task builds from a Dockerfile "
+                        f"in {where}")  # fmt: skip
     run_tests = path / "run-tests.sh"
     if not run_tests.is_file():
         raise TaskError(f"{run_tests}: missing; it is the Terminal-Bench 1 verifier")
@@ -302,13 +308,7 @@ def _load_tb1(path: Path) -> Task:
     unknown = {k: v for k, v in fields.raw.items() if k not in _KNOWN_TB1}
     if unknown:
         metadata["unknown_fields"] = unknown
-    compose = ComposeEnvironment(services=None)
-    if compose_file is not None:
-        variables = {**host_environment(), **tb1_variables(path.name)}
-        compose = read_compose(
-            compose_file, main=TB1_MAIN, main_build=path, variables=variables, image_prefix=path.name,
-            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
-        )  # fmt: skip
+    notes.extend(unread_compose_notes(path, "Terminal-Bench 1"))
     return Task(
         name=path.name,
         instruction=instruction,
@@ -317,7 +317,7 @@ def _load_tb1(path: Path) -> Task:
         tests_dir=path / "tests",
         verifier_script=run_tests,
         solution_path=solution if solution.is_file() else None,
-        build_context=path,
+        build_context=build_context,
         agent_timeout_s=fields.seconds("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S),
         verifier_timeout_s=fields.seconds("max_test_timeout_sec", TB1_TEST_TIMEOUT_S),
         build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
@@ -366,6 +366,13 @@ class _Fields:
         if value is not None and not isinstance(value, str):
             raise self._error(key, f"must be a string, not {value!r}")
         return value
+
+    def user(self, key: str) -> str | None:
+        """A user by name, or by uid (Harbor takes both)."""
+        value = self.raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return str(value)
+        return self.string(key)
 
     def boolean(self, key: str, default: bool) -> bool:
         value = self.raw.get(key, default)

@@ -57,6 +57,8 @@ class Task:
     agent_user: str | None = None
     verifier_env: Mapping[str, str] = field(default_factory=dict)
     verifier_user: str | None = None
+    solution_env: Mapping[str, str] = field(default_factory=dict)
+    """The reference solution's environment (Harbor's ``[solution] env``)."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     """What the loader could not honour (e.g. a solution.yaml), for the user to read."""
@@ -68,7 +70,7 @@ class Task:
     """The compose file's other services (sidecars), started beside the agent's container in every episode."""
 
     def __post_init__(self) -> None:
-        for name in ("env", "verifier_env", "metadata"):  # frozen all the way down to the first level
+        for name in ("env", "verifier_env", "solution_env", "metadata"):  # frozen all the way down to the first level
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
     @property

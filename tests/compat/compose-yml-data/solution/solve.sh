@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sed -i 's/${SHOP_TAG"/${SHOP_TAG:-1.4.2}"/' /app/deploy/docker-compose.yml
