@@ -1,6 +1,6 @@
 #!/bin/bash
 set -euo pipefail
-cat > /app/scraper.py <<'PY'
+cat > scraper.py <<'PY'  # relative: in the client image's WORKDIR, /app
 import csv
 import urllib.request
 from html.parser import HTMLParser
@@ -29,9 +29,9 @@ class Books(HTMLParser):
 page = urllib.request.urlopen("http://server:8000/", timeout=10).read().decode("utf-8")
 parser = Books()
 parser.feed(page)
-with open("/app/books.csv", "w", newline="", encoding="utf-8") as out:
+with open("books.csv", "w", newline="", encoding="utf-8") as out:
     writer = csv.DictWriter(out, FIELDS)
     writer.writeheader()
     writer.writerows(parser.rows)
 PY
-python3 /app/scraper.py
+python3 scraper.py
