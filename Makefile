@@ -82,4 +82,4 @@ bench-http: venv
 
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist
+	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist test-artifacts

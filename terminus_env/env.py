@@ -27,7 +27,7 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from terminus_env.bridge import shared_loop
-from terminus_env.protocol import MAX_COMMAND_DURATION, ParsedReply, Strictness, prompts
+from terminus_env.protocol import MAX_COMMAND_DURATION, Command, ParsedReply, Strictness, prompts
 from terminus_env.rules import (
     Counters,
     EndReason,
@@ -51,7 +51,7 @@ from terminus_env.sandbox import (
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
 
-__all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "SentCommand", "TerminusEnv"]
+__all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TerminusEnv"]
 
 Mode = Literal["train", "eval"]
 MAX_TEXT_LENGTH = 1 << 20
@@ -91,16 +91,6 @@ class _Episode:
 
 
 @dataclass(frozen=True)
-class SentCommand:
-    """Keystrokes the env typed in a turn: the wait the reply asked for, and how long it waited (less once the
-    shell was idle). ``info["commands"]`` lists them as dicts, so recordings can place each one in time."""
-
-    keystrokes: str
-    duration: float
-    waited_s: float
-
-
-@dataclass(frozen=True)
 class _Outcome:
     obs: str
     reward: float = 0.0
@@ -108,7 +98,8 @@ class _Outcome:
     truncated: bool = False
     format_error: str | None = None
     warnings: tuple[str, ...] = ()
-    commands: tuple[SentCommand, ...] = ()
+    commands: tuple[Command, ...] = ()
+    """The commands typed: a turn cut short by the time limit types fewer than its reply holds."""
     terminal: TerminalOutput | None = None
 
     @property
@@ -232,7 +223,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         then the verifier's reward for graded endings and 0 otherwise. ``terminated`` ends by the task or a
         fault, ``truncated`` by a time or turn limit. ``info`` holds ``turn``, ``format_error``, ``warnings``,
         ``format_errors``, ``format_error_opening_streak``, ``truncated_turns``, ``new_messages``, ``commands`` (the
-        keystrokes typed, as :class:`SentCommand` dicts) and ``terminal`` (what the terminal showed after them:
+        commands typed, as ``{"keystrokes", "duration"}`` dicts) and ``terminal`` (what the terminal showed after them:
         ``{"text", "is_screen"}``, or None when nothing ran); at the end also ``end_reason``, ``env_error`` and
         ``episode`` (the summary). An action of another type raises ``TypeError`` and changes nothing.
         """
@@ -263,7 +254,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     async def _play_turn(self, episode: _Episode, reply: Reply) -> _Outcome:
         verdict = judge_reply(reply, episode.counters, self.limits, out_of_time=self._out_of_time(episode))
         episode.counters = verdict.counters
-        sent: tuple[SentCommand, ...] = ()
+        sent: tuple[Command, ...] = ()
         output: TerminalOutput | None = None
         if verdict.run is not None:
             verdict, sent, output = await self._execute(episode, verdict.run, verdict.warnings)
@@ -276,15 +267,15 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
 
     async def _execute(
         self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]
-    ) -> tuple[Verdict, tuple[SentCommand, ...], TerminalOutput]:
+    ) -> tuple[Verdict, tuple[Command, ...], TerminalOutput]:
         sandbox = _sandbox(episode)
-        sent: list[SentCommand] = []
+        sent: list[Command] = []
         for command in parsed.commands:
             if self._out_of_time(episode) or sandbox.violation is not None:
                 break
             duration = min(command.duration, MAX_COMMAND_DURATION, self._time_left(episode))
-            waited = await sandbox.terminal.send(command.keystrokes, duration)
-            sent.append(SentCommand(command.keystrokes, command.duration, round(waited, 3)))
+            await sandbox.terminal.send(command.keystrokes, duration)
+            sent.append(command)
         if sandbox.violation is not None:
             raise sandbox.violation
         output = await sandbox.terminal.capture_new()

@@ -94,12 +94,11 @@ def _agent_step(
 ) -> dict[str, Any]:
     commands = turn.get("commands") or []
     calls = [
-        _drop_none({
+        {
             "tool_call_id": f"call_{turn_number}_{i}",
             "function_name": KEYSTROKES_TOOL,
             "arguments": {"keystrokes": command["keystrokes"], "duration": command["duration"]},
-            "extra": {"waited_s": command["waited_s"]} if "waited_s" in command else None,
-        })
+        }
         for i, command in enumerate(commands, 1)
     ]  # fmt: skip
     ran = turn.get("terminal") is not None

@@ -1,11 +1,11 @@
 """A rollout's terminal as an asciinema v2 recording (``recording.cast``), from what the rollout recorded.
 
-What it holds: the screen of the first observation at time 0; then, per turn, a marker (``turn N``), each
-keystroke command as an input event at the moment it was typed (typing times follow each command's measured
-wait), and the terminal's new output (or its whole screen, when no new part could be isolated) at the moment
-the env captured it after the turn's last command. It is not a byte stream of the pty: the terminal is read
-once per turn, so output that scrolled by during a turn appears at once, at the end of the turn. Replayed,
-it shows what the model saw, when it saw it.
+What it holds: the screen of the first observation at time 0; then, per turn, a marker (``turn N``) and the
+turn's keystroke commands as input events when the reply arrived, and the terminal's new output (or its whole
+screen, when no new part could be isolated) when the env had read it after the turn's last command. It is not a
+byte stream of the pty: the terminal is read once per turn, so output that scrolled by during a turn appears at
+once, at the end of the turn, and the moments between a turn's commands are not recorded (the env keeps wall-clock
+times out of ``info``). Replayed, it shows what the model saw, when it saw it.
 
 Pure: a trajectory (as the run file holds it) in, the file's text out.
 """
@@ -36,17 +36,18 @@ def asciinema_cast(trajectory: Mapping[str, Any], title: str) -> str | None:
     }  # fmt: skip
     events: list[tuple[float, str, str]] = [(0.0, "o", _CLEAR_SCREEN + _crlf(screen))]
     clock = 0.0
-    for number, turn in enumerate(trajectory.get("turns") or [], 1):
-        replied = turn.get("replied_s")
-        if replied is None:
+    turns = trajectory.get("turns") or []
+    for number, turn in enumerate(turns, 1):
+        replied, observed = turn.get("replied_s"), turn.get("observed_s")
+        if replied is None or observed is None:
             continue
         clock = max(clock, replied - ready_s)
         events.append((clock, "m", f"turn {number}"))
-        for command in turn.get("commands") or []:
-            events.append((clock, "i", command["keystrokes"]))
-            clock += command.get("waited_s", 0.0)
+        events += [(clock, "i", command["keystrokes"]) for command in turn.get("commands") or []]
         terminal = turn.get("terminal")
         if terminal is not None:
+            grading = (trajectory.get("grade_s") or 0.0) if number == len(turns) else 0.0  # read before grading
+            clock = max(clock, observed - grading - ready_s)
             prefix = _CLEAR_SCREEN if terminal.get("is_screen") else _CLEAR_LINE
             events.append((clock, "o", prefix + _crlf(terminal.get("text", ""))))
     lines = [json.dumps(header)] + [json.dumps([round(t, 3), kind, data]) for t, kind, data in events]

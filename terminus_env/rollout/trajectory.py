@@ -29,7 +29,7 @@ class TurnRecord:
     sampling: dict[str, Any] = field(default_factory=dict)  # what the request asked for (max_tokens, temperature...)
     policy_version: Any = None  # which weights produced the tokens, as the policy names them (a trainer step, say)
     commands: list[dict[str, Any]] = field(default_factory=list)
-    """The keystrokes typed, as ``info["commands"]`` gives them (:class:`terminus_env.env.SentCommand`)."""
+    """The commands typed, as ``info["commands"]`` gives them: ``{"keystrokes", "duration"}``."""
     terminal: dict[str, Any] | None = None
     """What the terminal showed after them (``info["terminal"]``); None when nothing ran."""
     replied_s: float | None = None

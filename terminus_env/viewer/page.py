@@ -24,7 +24,7 @@ h1 { font-size: 1.5rem; margin: 0 0 .75rem; } h1 .trial { color: #666; font-weig
 h2 { font-size: 1.15rem; margin: 0 0 .5rem; } h3 { font-size: .8rem; text-transform: uppercase; letter-spacing: .05em;
      color: #555; margin: .9rem 0 .3rem; }
 .outcome { display: flex; flex-wrap: wrap; gap: .5rem 1.5rem; margin: 0 0 1rem; padding: 0; list-style: none; }
-.outcome li span { color: #666; margin-right: .35rem; }
+.outcome .label { color: #666; margin-right: .35rem; }
 .reward { font-weight: bold; padding: .05rem .6rem; border-radius: .3rem; color: #fff; font-size: 1.05rem; }
 .reward.solved { background: #1a7f37; } .reward.unsolved { background: #cf222e; } .reward.none { background: #777; }
 section.turn { background: #fff; border: 1px solid #ddd; border-radius: .5rem; padding: 1rem 1.25rem;
@@ -62,7 +62,8 @@ def render(trial: Trial) -> str:
         _outcome(trial, trajectory, result, steps),
     ]
     if not steps:
-        parts.append('<p class="problem">This trial has no trajectory: it never reached its first observation.</p>')
+        parts.append('<p class="problem">This trial has no trajectory: it never reached its first observation, or its '
+                     "agent writes none (Harbor's oracle does not).</p>")  # fmt: skip
     last_turn = max((i for i, step in enumerate(steps) if step.get("source") == "agent"), default=None)
     for index, step in enumerate(steps):
         if step.get("source") == "agent":
@@ -103,7 +104,8 @@ def _outcome(
                       if "total_prompt_tokens" in metrics else "not reported")),
         ("time", _e(_duration(result))),
     ]  # fmt: skip
-    lines = ['<ul class="outcome">'] + [f"<li><span>{name}</span> {value}</li>" for name, value in items] + ["</ul>"]
+    rows = [f'<li><span class="label">{name}</span> {value}</li>' for name, value in items]
+    lines = ['<ul class="outcome">', *rows, "</ul>"]
     why = summary.get("detail") or summary.get("failure") or summary.get("error")
     exception = result.get("exception_info")
     if exception:
@@ -159,9 +161,7 @@ def _turn(step: Mapping[str, Any], start: float | None, *, last: bool) -> str:
         parts.append('<h3>Keystrokes</h3><ol class="keys">')
         for call in calls:
             arguments = call.get("arguments") or {}
-            waited = (call.get("extra") or {}).get("waited_s")
             wait = f"waits up to {_number(arguments.get('duration'))} s"
-            wait += f", waited {_number(waited)} s" if waited is not None else ""
             parts.append(f"<li><pre>{_e(_visible(arguments.get('keystrokes', '')))}</pre>"
                          f'<span class="wait">{_e(wait)}</span></li>')  # fmt: skip
         parts.append("</ol>")

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from harbor.models.job.config import JobConfig
 from harbor.models.job.result import JobResult
-from harbor.models.trajectories import Trajectory
+from harbor.models.trajectories import Agent, Metrics, Observation, ObservationResult, Step, ToolCall, Trajectory
 from harbor.models.trial.config import TrialConfig
 from harbor.models.trial.result import TrialResult
 from harbor.utils.trajectory_validator import TrajectoryValidator
@@ -107,6 +107,32 @@ def test_harbors_viewer_serves_the_jobs_trials_and_trajectories(jobs: Path) -> N
         assert steps[1]["extra"]["format_error"]  # the flaky oracle's careless opening, as Harbor serves it
         assert steps[2]["tool_calls"][0]["arguments"]["keystrokes"].endswith("bash /solution/solve.sh\n")
         assert get(client, f"/api/jobs/sim/trials/{TASK}__1")["verifier_result"] == {"rewards": {"reward": 1.0}}
+
+
+def test_view_renders_a_trajectory_shaped_as_harbors_terminus_2_writes_it(tmp_path: Path) -> None:
+    """Built with Harbor's models in the shape its Terminus 2 agent fills: an ``Analysis:``/``Plan:`` message, one
+    ``bash_command`` call, the terminal output as the observation."""
+    trajectory = Trajectory(
+        session_id="s", agent=Agent(name="terminus-2", version="2.0.0", model_name="some-model"),
+        steps=[
+            Step(step_id=1, source="user", message="Task: list /app", timestamp="2026-01-01T00:00:00+00:00"),
+            Step(step_id=2, source="agent", message="Analysis: nothing listed yet\nPlan: run ls",
+                 timestamp="2026-01-01T00:00:02+00:00",
+                 tool_calls=[ToolCall(tool_call_id="call_0_1", function_name="bash_command",
+                                      arguments={"keystrokes": "ls /app\n", "duration": 0.1})],
+                 observation=Observation(results=[ObservationResult(source_call_id="call_0_1",
+                                                                    content="New Terminal Output:\nnotes.txt")]),
+                 metrics=Metrics(prompt_tokens=120, completion_tokens=30)),
+        ],
+    )  # fmt: skip
+    trial = tmp_path / "list-app__AbC123"
+    (trial / "agent").mkdir(parents=True)
+    (trial / "agent" / "trajectory.json").write_text(json.dumps(trajectory.to_json_dict()))
+    page = tmp_path / "page.html"
+    assert cli_main(["view", str(trial), "--output", str(page)]) == 0
+    text = page.read_text()
+    assert "Analysis: nothing listed yet" in text and "ls /app⏎" in text and "notes.txt" in text
+    assert "Turn 1" in text and "+2.0 s" in text and "120 tokens in" in text and "model some-model" in text
 
 
 def get(client: TestClient, url: str) -> Any:
