@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image demo check lint test unit test-adapters docs install-check fresh-check bench bench-http clean
+.PHONY: all venv docker base-image browser demo check lint test unit test-adapters docs install-check fresh-check bench bench-http clean
 
 all: demo
 
@@ -36,7 +36,11 @@ demo: base-image
 check: base-image
 	$(CLI) tasks check tasks/ --jobs $(JOBS)
 
-unit: base-image
+# The headless browser the page tests of `terminus-env view` open (Debian's chromium).
+browser:
+	bash scripts/ensure-chromium.sh >/dev/null
+
+unit: base-image browser
 	$(PY) -m pytest -q
 
 lint: venv
@@ -60,8 +64,9 @@ fresh-check: base-image
 # The linter and the suite check first, then pytest, so the run closes on pytest's summary.
 test: lint check unit
 
-# The RL-library adapters against the real libraries, each in its own environment (.venv-trl, .venv-verl,
-# .venv-skyrl, .venv-verifiers): several GB each, so they stay out of `make test`; CI runs both.
+# The RL-library adapters against the real libraries, and eval's Harbor job folder against Harbor's own validator
+# and viewer, each in its own environment (.venv-trl, .venv-verl, .venv-skyrl, .venv-verifiers, .venv-harbor):
+# up to several GB each, so they stay out of `make test`; CI runs both.
 test-adapters: base-image
 	bash scripts/test-adapters.sh
 
@@ -77,4 +82,4 @@ bench-http: venv
 
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .pytest_cache .hypothesis .bench-cache site dist
+	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist test-artifacts

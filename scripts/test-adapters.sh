@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The RL-library adapter tests, each in its library's own virtual environment (.venv-LIB), installed from the
-# package's extra of that name. A library that fails to install or import fails its tests; nothing is skipped.
-# Usage: scripts/test-adapters.sh [trl] [verl] [skyrl] [verifiers]   (default: all four)
+# The tests against real ecosystem libraries, each in the library's own virtual environment (.venv-LIB), installed
+# from the package's extra of that name: the RL-library adapters (trl, verl, skyrl, verifiers), and Harbor, whose
+# validator and viewer read an eval's job folder. A library that fails to install or import fails its tests;
+# nothing is skipped.
+# Usage: scripts/test-adapters.sh [trl] [verl] [skyrl] [verifiers] [harbor]   (default: all five)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 libs=("$@")
-[ ${#libs[@]} -eq 0 ] && libs=(trl verl skyrl verifiers)
+[ ${#libs[@]} -eq 0 ] && libs=(trl verl skyrl verifiers harbor)
 stamp_value="$(sha256sum pyproject.toml | cut -c1-16)"
 
-# A Python >= 3.12 for skyrl: on PATH, else a pyenv build (pyenv's shim refuses versions not selected).
+# A Python >= 3.12 for skyrl and harbor: on PATH, else a pyenv build (pyenv's shim refuses versions not selected).
 python312() {
     local candidate
     for candidate in python3.12 python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[23]*/bin/python3; do
@@ -23,7 +25,7 @@ failed=()
 for lib in "${libs[@]}"; do
     venv=".venv-$lib"
     case "$lib" in
-        skyrl) python="$(python312)"; preinstall=() ;;  # skyrl needs Python >= 3.12
+        skyrl|harbor) python="$(python312)"; preinstall=() ;;  # both need Python >= 3.12
         verifiers) python=python3; preinstall=() ;;     # no torch
         *) python=python3; preinstall=(torch==2.13.0) ;; # the CPU build on disk; a plain torch pulls CUDA
     esac

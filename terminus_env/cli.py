@@ -61,6 +61,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return eval_main(args)
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from terminus_env.viewer.command import main as view_main
+
+    return view_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="terminus-env", description="Terminal tasks for RL and evaluation of LLM agents (the Terminus 2 protocol)."
@@ -106,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate a model on a task suite (lenient by default)")
     _add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
+
+    view = sub.add_parser("view", help="one trajectory of a run as a static HTML page, turn by turn")
+    view.add_argument("run", type=Path, help="a Harbor job folder, one of its trial folders, or an eval run file")
+    view.add_argument("--trial", help="which trial (its folder name, e.g. hello-world__0; default: the first)")
+    view.add_argument("--output", type=Path, help="where to write the page (default: beside RUN's trial)")
+    view.set_defaults(func=_cmd_view)
     return parser
 
 
@@ -137,6 +149,10 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --output, skipping the rollouts it already holds"
     )
+    parser.add_argument(
+        "--jobs-dir", type=Path, default=Path("jobs"),
+        help="where the run is also written in Harbor's job layout, as JOBS_DIR/<run file's name>/ (default: jobs)",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,7 @@ EVAL_STRICT_FORMAT = "SWE_EVAL_STRICT_FORMAT"
 EVAL_STRICT_TRUNCATION = "SWE_EVAL_STRICT_TRUNCATION"
 REQUIRE_DOCKER = "TERMINUS_REQUIRE_DOCKER"
 REQUIRE_RAY = "TERMINUS_REQUIRE_RAY"  # tests: a missing Ray fails the fleet tests instead of skipping them
+REQUIRE_BROWSER = "TERMINUS_REQUIRE_BROWSER"  # tests: a missing chromium fails the page tests instead of skipping them
 BASE_IMAGE = "TERMINUS_BASE_IMAGE"
 DEBIAN_MIRROR = "TERMINUS_DEBIAN_MIRROR"
 BUILDER = "TERMINUS_BUILDER"  # which builder builds images: auto (BuildKit where the engine has it), buildkit, classic

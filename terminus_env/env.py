@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from terminus_env.bridge import shared_loop
-from terminus_env.protocol import MAX_COMMAND_DURATION, ParsedReply, Strictness, prompts
+from terminus_env.protocol import MAX_COMMAND_DURATION, Command, ParsedReply, Strictness, prompts
 from terminus_env.rules import (
     Counters,
     EndReason,
@@ -51,6 +51,7 @@ from terminus_env.sandbox import (
     SandboxLost,
     SandboxPool,
     TerminalGone,
+    TerminalOutput,
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
 
@@ -104,6 +105,9 @@ class _Outcome:
     truncated: bool = False
     format_error: str | None = None
     warnings: tuple[str, ...] = ()
+    commands: tuple[Command, ...] = ()
+    """The commands typed: a turn cut short by the time limit types fewer than its reply holds."""
+    terminal: TerminalOutput | None = None
 
     @property
     def ended(self) -> bool:
@@ -201,7 +205,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         """Start an episode: the previous sandbox is released and a fresh one started from the task's image.
 
         Returns ``(observation, info)``: the first user message (format rules, the instruction and the
-        current screen) and ``{"messages", "task", "turn": 0}``. Raises :class:`SandboxError` when no
+        current screen) and ``{"messages", "task", "turn": 0, "screen"}`` (``screen``: the terminal as the
+        observation shows it). Raises :class:`SandboxError` when no
         sandbox can start (the runner turns that into an ``env_error`` trajectory).
         """
         super().reset(seed=seed)
@@ -217,7 +222,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         obs = _fit(prompts.initial_prompt(self.task.instruction, screen))
         self._messages = [{"role": "user", "content": obs}]
         self._timings["reset"].append(time.monotonic() - started)
-        return obs, {"messages": self.messages, "task": self.task.name, "turn": 0}
+        return obs, {"messages": self.messages, "task": self.task.name, "turn": 0, "screen": screen}
 
     async def astep(self, action: str | Reply) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play one turn: ``action`` is the model's whole reply (a ``str``, or a :class:`Reply` with what the engine
@@ -226,9 +231,10 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         The observation is the next user message ("" once the episode ended). The reward is 0 until the end,
         then the verifier's reward for graded endings and 0 otherwise. ``terminated`` ends by the task or a
         fault, ``truncated`` by a time or turn limit. ``info`` holds ``turn``, ``format_error``, ``warnings``,
-        ``format_errors``, ``format_error_opening_streak``, ``truncated_turns`` and ``new_messages``; at the end
-        also ``end_reason``, ``env_error`` and ``episode`` (the summary). An action of another type raises
-        ``TypeError`` and changes nothing.
+        ``format_errors``, ``format_error_opening_streak``, ``truncated_turns``, ``new_messages``, ``commands`` (the
+        commands typed, as ``{"keystrokes", "duration"}`` dicts) and ``terminal`` (what the terminal showed after them:
+        ``{"text", "is_screen"}``, or None when nothing ran); at the end also ``end_reason``, ``env_error`` and
+        ``episode`` (the summary). An action of another type raises ``TypeError`` and changes nothing.
         """
         reply = as_reply(action)
         episode = self._require_episode()
@@ -257,19 +263,28 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     async def _play_turn(self, episode: _Episode, reply: Reply) -> _Outcome:
         verdict = judge_reply(reply, episode.counters, self.limits, out_of_time=self._out_of_time(episode))
         episode.counters = verdict.counters
+        sent: tuple[Command, ...] = ()
+        output: TerminalOutput | None = None
         if verdict.run is not None:
-            verdict = await self._execute(episode, verdict.run, verdict.warnings)
+            verdict, sent, output = await self._execute(episode, verdict.run, verdict.warnings)
+        error, warnings = verdict.format_error, verdict.warnings
         if verdict.end is not None:
-            return await self._end(episode, verdict.end, format_error=verdict.format_error, warnings=verdict.warnings)
-        return _Outcome(obs=verdict.feedback or "", format_error=verdict.format_error, warnings=verdict.warnings)
+            outcome = await self._end(episode, verdict.end, format_error=error, warnings=warnings)
+        else:
+            outcome = _Outcome(obs=verdict.feedback or "", format_error=error, warnings=warnings)
+        return replace(outcome, commands=sent, terminal=output)
 
-    async def _execute(self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]) -> Verdict:
+    async def _execute(
+        self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]
+    ) -> tuple[Verdict, tuple[Command, ...], TerminalOutput]:
         sandbox = _sandbox(episode)
+        sent: list[Command] = []
         for command in parsed.commands:
             if self._out_of_time(episode) or sandbox.violation is not None:
                 break
             duration = min(command.duration, MAX_COMMAND_DURATION, self._time_left(episode))
             await sandbox.terminal.send(command.keystrokes, duration)
+            sent.append(command)
         if sandbox.violation is not None:
             raise sandbox.violation
         output = await sandbox.terminal.capture_new()
@@ -283,7 +298,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             else:
                 obs = prompts.output_feedback(output.text, list(warnings), is_screen=output.is_screen)
             verdict = Verdict(verdict.counters, feedback=obs, warnings=warnings)
-        return verdict
+        return verdict, tuple(sent), output
 
     # ----- endings -----------------------------------------------------------------------------
     async def _end_on_failure(self, episode: _Episode, exc: SandboxError) -> _Outcome:
@@ -367,6 +382,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             "format_error_opening_streak": counters.opening_streak,
             "truncated_turns": counters.truncated_turns,
             "new_messages": new_messages,
+            "commands": [asdict(command) for command in outcome.commands],
+            "terminal": None if outcome.terminal is None else _terminal_info(outcome.terminal),
         }
         if episode.summary is not None:
             info["end_reason"] = episode.summary.end_reason
@@ -422,6 +439,10 @@ async def _failure(sandbox: Sandbox | None, exc: SandboxError) -> Failure:
     if isinstance(exc, AgentCaused):
         return Failure.AGENT_BROKE
     return Failure.INFRASTRUCTURE
+
+
+def _terminal_info(output: TerminalOutput) -> dict[str, Any]:
+    return {"text": _fit(output.text), "is_screen": output.is_screen}
 
 
 def _sandbox(episode: _Episode) -> Sandbox:

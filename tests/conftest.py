@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from task_support import TINY_TOML
 
 from terminus_env.config import REQUIRE_DOCKER, env_flag
 
@@ -54,25 +55,6 @@ def docker_required() -> None:
         pytest.fail(f"{problem}; {REQUIRE_DOCKER}=1 makes this a failure, not a skip")
     pytest.skip(problem)
 
-
-TINY_TOML = """\
-version = "1.0"
-
-[metadata]
-difficulty = "easy"
-category = "files"
-
-[verifier]
-timeout_sec = 60
-
-[agent]
-timeout_sec = 300
-
-[environment]
-cpus = 1
-memory_mb = 512
-allow_internet = false
-"""
 
 TINY_TEST = """\
 #!/bin/bash

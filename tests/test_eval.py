@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TOML
 from sandbox_support import containers_of_pid
+from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
 from terminus_env.rollout.evaluate import build_report, print_report
@@ -24,34 +24,6 @@ pytestmark = pytest.mark.usefixtures("docker_required")
 GOOD = ("eval-test-alpha", "eval-test-beta", "eval-test-gamma")
 TRIALS = 2
 SEED = "5"  # the flaky oracle's draws for these names: a mix of solved and unsolved trials
-VERIFIER = """\
-#!/bin/bash
-mkdir -p /logs/verifier
-python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py && echo 1 > /logs/verifier/reward.txt \\
-  || echo 0 > /logs/verifier/reward.txt
-"""
-CHECKS = """\
-from pathlib import Path
-
-def test_hello_file():
-    assert Path("/app/hello.txt").is_file(), "/app/hello.txt is missing"
-    assert Path("/app/hello.txt").read_text() == "hello\\n"
-"""
-FAILURE = "../tests/test_outputs.py::test_hello_file: AssertionError: /app/hello.txt is missing"
-
-
-def write_task(root: Path, name: str, category: str = "files", dockerfile_extra: str = "") -> Path:
-    task = root / name
-    for folder in ("environment", "tests", "solution"):
-        (task / folder).mkdir(parents=True)
-    (task / "task.toml").write_text(TINY_TOML.replace('category = "files"', f'category = "{category}"'))
-    (task / "instruction.md").write_text(f"Task {name}: write the word hello (and a newline) into /app/hello.txt.\n")
-    dockerfile = f"FROM terminus-env/base:bookworm\nWORKDIR /app\n{dockerfile_extra}"
-    (task / "environment" / "Dockerfile").write_text(dockerfile)
-    (task / "tests" / "test.sh").write_text(VERIFIER)
-    (task / "tests" / "test_outputs.py").write_text(CHECKS)
-    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
-    return task
 
 
 @pytest.fixture(scope="module")

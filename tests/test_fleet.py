@@ -283,6 +283,7 @@ def test_eval_command_runs_on_the_cluster(nodes: TwoNodes, tmp_path: Path) -> No
     command = [
         sys.executable, "-m", "terminus_env.cli", "eval", "--oracle", "--ray", nodes.cluster.address,
         "--name", "hello-world", "--name", "ipv4-regex", "--concurrency", "4", "--output", str(tmp_path / "run.jsonl"),
+        "--jobs-dir", str(tmp_path / "jobs"),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr  # the oracle exits 1 unless every task is solved

@@ -7,7 +7,8 @@ the serving pool, which checks the whole rollout path (routing, HTTP, token acco
 ``--flaky-oracle SEED`` solves some tasks some of the time, to see the statistics at work.
 
 A run made to last hours: a task that does not load or build is a row with its error and the run
-goes on; each rollout is written to the run file as it ends, and ``--resume`` continues a run that
+goes on; each rollout is written to the run file as it ends (and to a Harbor job folder, for the
+ecosystem's tools: see :mod:`terminus_env.rollout.harbor_job`), and ``--resume`` continues a run that
 was interrupted, skipping the rollouts already in the file. ``--ray ADDRESS`` runs the sandboxes on
 the nodes of that Ray cluster instead of this machine's Docker engine.
 """
@@ -28,6 +29,8 @@ from typing import Any, TextIO
 from terminus_env.errors import TerminusError
 from terminus_env.metrics import aggregate
 from terminus_env.rollout import stats
+from terminus_env.rollout.atif import agent_spec
+from terminus_env.rollout.harbor_job import HarborJob, JobFolderError
 from terminus_env.rollout.policy import FlakyOraclePolicy, OraclePolicy, OracleReplies, Policy, Rollout, ServingPolicy
 from terminus_env.rollout.progress import Progress, Tally
 from terminus_env.rollout.run_log import (
@@ -86,35 +89,73 @@ def main(args: argparse.Namespace) -> int:
             return 2
     else:
         log, previous = RunLog.create(path, config), RunContents(config)
+    try:
+        job = HarborJob.open(args.jobs_dir / path.stem, agent_spec(config), {p.name: p for p in paths},
+                             trials=config.trials, concurrency=args.concurrency, resume=args.resume)  # fmt: skip
+    except JobFolderError as exc:
+        log.close()
+        if not args.resume:
+            path.unlink()  # it holds only the header written a moment ago
+        print(f"terminus-env: {exc}", file=sys.stderr)
+        return 2
     finished = previous.finished()
     total = len(paths) * config.trials
     already = sum(1 for p in paths for i in range(config.trials) if (p.name, i) in finished)
-    print(f"eval: {len(paths)} tasks × {config.trials} trials ({config.policy}); each rollout is saved to {path}"
-          + (f"; {already} already there" if already else ""), flush=True)  # fmt: skip
+    print(f"eval: {len(paths)} tasks × {config.trials} trials ({config.policy}); each rollout is saved to {path} "
+          f"and, in Harbor's job layout, to {job.path}" + (f"; {already} already there" if already else ""),
+          flush=True)  # fmt: skip
     progress = Progress(Tally(total=total, done=already))
     started = time.monotonic()
     try:
-        asyncio.run(_evaluate(args, config, paths, finished, log, progress))
+        asyncio.run(_evaluate(args, config, paths, finished, _Outputs(log, job, progress), progress))
     except KeyboardInterrupt:
         progress.close()
+        _finish_job(job, path, paths, finished=False)
         print(f"\ninterrupted: {_resume_hint(path)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except TerminusError as exc:  # e.g. no model replica answers any more: stop, keep what is done
         progress.close()
+        _finish_job(job, path, paths, finished=False)
         print(f"\nstopped: {exc}\n{_resume_hint(path)}", file=sys.stderr)
         return 2
     finally:
         progress.close()
         log.close()
     contents = read_run(path)
-    report = build_report(contents, [p.name for p in paths])
+    report = _finish_job(job, path, paths, finished=True)
     print()
     print_report(report, contents, sys.stdout)
     ran = len(contents.rollouts) - len(previous.rollouts)
-    print(f"\n{ran} rollouts run in {time.monotonic() - started:.0f} s; every trajectory is in {path}")
+    print(f"\n{ran} rollouts run in {time.monotonic() - started:.0f} s; every trajectory is in {path}, and in "
+          f"Harbor's job layout in {job.path} (look at one with: terminus-env view {job.path})")  # fmt: skip
     oracle = args.oracle or bool(args.sim)
     unsolved = any(t.solved < t.trials for t in report.tasks)
     return 1 if report.invalid or (oracle and unsolved) else 0
+
+
+class _Outputs:
+    """Where each finished rollout goes: the run file first (the record that counts), then its trial folder in the
+    Harbor job, whose failure is reported but never stops the run (the end of the run writes what is missing)."""
+
+    def __init__(self, log: RunLog, job: HarborJob, progress: Progress) -> None:
+        self.log, self._job, self._progress = log, job, progress
+
+    def save(self, record: RolloutRecord) -> None:
+        self.log.append(record)
+        try:
+            self._job.add_rollout(record)
+        except (OSError, TypeError, ValueError) as exc:
+            self._progress.note(f"{record.task} #{record.trial}: its Harbor trial folder was not written ({exc}); "
+                                "the run file has the rollout, and the end of the run writes it again")  # fmt: skip
+
+
+def _finish_job(job: HarborJob, path: Path, paths: Sequence[Path], *, finished: bool) -> stats.Report:
+    """Complete the Harbor job from the run file; the run's statistics, for the final table."""
+    contents = read_run(path)
+    report = build_report(contents, [p.name for p in paths])
+    for problem in job.finish(contents, report, finished=finished):
+        print(f"Harbor job {job.path}: not written: {problem}; rerun with --resume to write it", file=sys.stderr)
+    return report
 
 
 def _resume_hint(path: Path) -> str:
@@ -131,8 +172,8 @@ def _policy_name(args: argparse.Namespace) -> str:
 
 
 async def _evaluate(
-    args: argparse.Namespace, config: RunConfig, paths: Sequence[Path], finished: set[tuple[str, int]], log: RunLog,
-    progress: Progress,
+    args: argparse.Namespace, config: RunConfig, paths: Sequence[Path], finished: set[tuple[str, int]],
+    outputs: _Outputs, progress: Progress,
 ) -> None:  # fmt: skip
     """Load, build and run every task; each result goes to the log and the progress display as it ends."""
     todo: dict[str, list[int]] = {}
@@ -145,7 +186,7 @@ async def _evaluate(
         try:
             tasks.append(load_task(path))
         except TaskError as exc:
-            _task_failed(path.name, None, TaskStage.LOAD, exc, len(todo[path.name]), log, progress)
+            _task_failed(path.name, None, TaskStage.LOAD, exc, len(todo[path.name]), outputs.log, progress)
     env_kwargs = {
         "mode": "eval",
         "max_turns": config.max_turns,
@@ -163,7 +204,7 @@ async def _evaluate(
                 progress.started()
                 trajectory = await runner.run_one(Rollout(f"{task.name}#{trial}", task.name, task))
             record = rollout_record(task, trial, trajectory)
-            log.append(record)
+            outputs.save(record)
             solved = record.reward >= stats.SUCCESS_REWARD
             progress.finished(_progress_label(record), record.reward, error=record.env_error, solved=solved)
 
@@ -172,7 +213,8 @@ async def _evaluate(
                 try:
                     await task_image(task, sandbox_pool)
                 except (SandboxError, TaskError) as exc:
-                    _task_failed(task.name, task.category, TaskStage.IMAGE, exc, len(todo[task.name]), log, progress)
+                    _task_failed(task.name, task.category, TaskStage.IMAGE, exc, len(todo[task.name]), outputs.log,
+                                 progress)  # fmt: skip
                     return
             await _all(one(task, trial) for trial in todo[task.name])
 

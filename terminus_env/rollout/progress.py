@@ -76,6 +76,13 @@ class Progress:
             self._bar.update(count)
             self._refresh()
 
+    def note(self, text: str) -> None:
+        """A line for the user that is no rollout's result (above the bar on a terminal)."""
+        if self._bar.disable:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self._bar.write(text, file=self._bar.fp)
+
     def close(self) -> None:
         self._bar.close()
 

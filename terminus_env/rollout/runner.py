@@ -55,23 +55,31 @@ class RolloutRunner:
         """Play one episode to its end; never raises for sandbox or task failures (they become env errors)."""
         trajectory = Trajectory(rollout_id=rollout.rollout_id, task=rollout.task.name, group_id=rollout.group_id)
         started = time.monotonic()
+        trajectory.started_at = time.time()
         async with self._policy.session(rollout), self._sandboxes:
             env = TerminusEnv(rollout.task, sandbox_pool=self._sandbox_pool, **self._env_kwargs)
             try:
-                await self._play(env, rollout, trajectory)
+                await self._play(env, rollout, trajectory, started)
             except (SandboxError, TaskError) as exc:
                 trajectory.error = f"{type(exc).__name__}: {exc}"
             finally:
                 await env.aclose()
+            timings = env.metrics()
+            trajectory.grade_s = round(timings["grade_s_max"], 3) if timings["grade_count"] else None
         trajectory.wall_s = time.monotonic() - started
         if self._on_finish is not None:
             self._on_finish(trajectory)
         return trajectory
 
-    async def _play(self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory) -> None:
-        await env.areset()
+    async def _play(self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory, started: float) -> None:
+        def since_start() -> float:
+            return round(time.monotonic() - started, 3)
+
+        _, reset_info = await env.areset()
+        trajectory.ready_s, trajectory.screen = since_start(), reset_info["screen"]
         while True:
             out = await self._policy.act(rollout, env.messages)
+            replied = since_start()
             _, _, terminated, truncated, info = await env.astep(out.reply)
             trajectory.turns.append(
                 TurnRecord(
@@ -87,6 +95,10 @@ class RolloutRunner:
                     warnings=info["warnings"],
                     sampling=out.sampling,
                     policy_version=out.policy_version,
+                    commands=info["commands"],
+                    terminal=info["terminal"],
+                    replied_s=replied,
+                    observed_s=since_start(),
                 )
             )
             if terminated or truncated:

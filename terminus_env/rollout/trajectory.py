@@ -28,6 +28,14 @@ class TurnRecord:
     warnings: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)  # what the request asked for (max_tokens, temperature...)
     policy_version: Any = None  # which weights produced the tokens, as the policy names them (a trainer step, say)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    """The commands typed, as ``info["commands"]`` gives them: ``{"keystrokes", "duration"}``."""
+    terminal: dict[str, Any] | None = None
+    """What the terminal showed after them (``info["terminal"]``); None when nothing ran."""
+    replied_s: float | None = None
+    """When the reply arrived, in seconds after the trajectory's ``started_at``."""
+    observed_s: float | None = None
+    """When the turn's observation was ready (after grading, on the last turn)."""
 
 
 @dataclass
@@ -40,6 +48,14 @@ class Trajectory:
     summary: EpisodeSummary | None = None
     error: str | None = None  # set when the rollout could not run at all (e.g. the sandbox did not start)
     wall_s: float = 0.0
+    started_at: float | None = None
+    """Unix time the rollout started; the ``*_s`` times count from here, so recordings can be replayed."""
+    ready_s: float | None = None
+    """When the sandbox was up and the first observation ready."""
+    screen: str | None = None
+    """The terminal's screen in the first observation."""
+    grade_s: float | None = None
+    """How long grading took, when the verifier ran."""
 
     @property
     def reward(self) -> float:

@@ -1,0 +1,216 @@
+"""One trial as a static, self-contained HTML page: how it ended, then turn by turn what the model thought
+(analysis and plan), what it typed, and what the terminal showed after.
+
+No script, no external file: the page opens from disk, in any browser, offline, and can be attached to an
+issue as it is. Every text from the run is escaped. Pure: a :class:`Trial` in, the page's text out.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from terminus_env.protocol import parse_reply
+from terminus_env.rollout.atif import COMPLETE_TOOL, keystroke_calls
+from terminus_env.rollout.timeline import epoch
+from terminus_env.viewer.source import Trial
+
+_STYLE = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 72rem; padding: 1.5rem; color: #1d1d1f;
+       background: #fafafa; }
+h1 { font-size: 1.5rem; margin: 0 0 .75rem; } h1 .trial { color: #666; font-weight: normal; }
+h2 { font-size: 1.15rem; margin: 0 0 .5rem; } h3 { font-size: .8rem; text-transform: uppercase; letter-spacing: .05em;
+     color: #555; margin: .9rem 0 .3rem; }
+.outcome { display: flex; flex-wrap: wrap; gap: .5rem 1.5rem; margin: 0 0 1rem; padding: 0; list-style: none; }
+.outcome .label { color: #666; margin-right: .35rem; }
+.reward { font-weight: bold; padding: .05rem .6rem; border-radius: .3rem; color: #fff; font-size: 1.05rem; }
+.reward.solved { background: #1a7f37; } .reward.unsolved { background: #cf222e; } .reward.none { background: #777; }
+section.turn { background: #fff; border: 1px solid #ddd; border-radius: .5rem; padding: 1rem 1.25rem;
+               margin: 1rem 0; }
+.when { color: #666; font-weight: normal; font-size: .9rem; margin-left: .5rem; }
+.tokens { color: #666; font-size: .85rem; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 0; font: 13px/1.35 ui-monospace, monospace; }
+pre.terminal { background: #111; color: #e6e6e6; padding: .75rem; border-radius: .4rem; max-height: 40rem;
+               overflow: auto; }
+ol.keys { margin: 0; padding-left: 1.5rem; } ol.keys li { margin: .25rem 0; }
+ol.keys pre { background: #f0f3f6; padding: .3rem .5rem; border-radius: .3rem; display: inline-block; }
+.wait { color: #666; font-size: .85rem; margin-left: .5rem; }
+.format-error, .problem { background: #ffebe9; border: 1px solid #ff8182; border-radius: .4rem;
+                          padding: .5rem .75rem; margin: .5rem 0; }
+.warnings { background: #fff8c5; border: 1px solid #d4a72c; border-radius: .4rem; padding: .5rem .75rem .5rem 2rem; }
+.complete { color: #1a7f37; font-weight: bold; }
+details { margin: .5rem 0; } summary { cursor: pointer; color: #0969da; }
+footer { color: #555; margin-top: 1.5rem; }
+"""
+
+
+def render(trial: Trial) -> str:
+    """The page of one trial."""
+    trajectory = trial.trajectory or {}
+    result = trial.result or {}
+    steps: Sequence[Mapping[str, Any]] = trajectory.get("steps") or []
+    start = _start(steps)
+    task = result.get("task_name") or (trajectory.get("extra") or {}).get("task") or trial.name
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(task)} · {_e(trial.name)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f'<h1>{_e(task)} <span class="trial">{_e(trial.name)}</span></h1>',
+        _outcome(trial, trajectory, result, steps),
+    ]
+    if not steps:
+        parts.append('<p class="problem">This trial has no trajectory: it never reached its first observation, or its '
+                     "agent writes none (Harbor's oracle does not).</p>")  # fmt: skip
+    last_turn = max((i for i, step in enumerate(steps) if step.get("source") == "agent"), default=None)
+    for index, step in enumerate(steps):
+        if step.get("source") == "agent":
+            parts.append(_turn(step, start, last=index == last_turn))
+        elif step.get("step_id") == 1:
+            parts.append("<details><summary>The first observation: the instructions, the task and the screen"
+                         f"</summary><pre>{_e(_text(step.get('message')))}</pre></details>")  # fmt: skip
+        else:
+            parts.append(f"<section class=\"turn\"><h2>{_e(step.get('source', ''))} message</h2>"
+                         f"<pre>{_e(_text(step.get('message')))}</pre></section>")  # fmt: skip
+    parts.append(f"<footer><p>{_e(_ending(trajectory, result))}</p></footer>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _outcome(
+    trial: Trial, trajectory: Mapping[str, Any], result: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+) -> str:
+    """The header: reward, end reason, turns, format errors, the agent, tokens and time, and what went wrong."""
+    summary = (result.get("agent_result") or {}).get("metadata") or {}
+    reward = _reward(result)
+    if reward is None:
+        badge = '<span class="reward none">no reward</span>'
+    else:
+        badge = f'<span class="reward {"solved" if reward >= 1 else "unsolved"}">{reward:g}</span>'
+    agent = trajectory.get("agent") or (result.get("agent_info") or {})
+    model = agent.get("model_name") or ((agent.get("model_info") or {}).get("name"))
+    turns = sum(1 for step in steps if step.get("source") == "agent")
+    metrics = trajectory.get("final_metrics") or {}
+    items = [
+        ("reward", badge),
+        ("end reason", _e(_end_reason(trajectory, result))),
+        ("turns", str(turns)),
+        ("format errors", _e(summary.get("format_errors", "-"))),
+        ("agent", _e(f"{agent.get('name', '-')} {agent.get('version', '')}".strip())
+         + (f" · model {_e(model)}" if model else "")),
+        ("tokens", _e(f"{metrics['total_prompt_tokens']} in · {metrics.get('total_completion_tokens', '-')} out"
+                      if "total_prompt_tokens" in metrics else "not reported")),
+        ("time", _e(_duration(result))),
+    ]  # fmt: skip
+    rows = [f'<li><span class="label">{name}</span> {value}</li>' for name, value in items]
+    lines = ['<ul class="outcome">', *rows, "</ul>"]
+    why = summary.get("detail") or summary.get("failure") or summary.get("error")
+    exception = result.get("exception_info")
+    if exception:
+        why = f"{exception.get('exception_type')}: {exception.get('exception_message')}"
+    if why:
+        lines.append(f'<div class="problem"><strong>Why it earned less than 1:</strong> <pre>{_e(why)}</pre></div>')
+    return "\n".join(lines)
+
+
+def _ending(trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    reward = _reward(result)
+    return f"Ended: {_end_reason(trajectory, result)}; reward {'none' if reward is None else f'{reward:g}'}."
+
+
+def _end_reason(trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    """Ours, from the episode summary the trial's result keeps (Harbor's own trials have none)."""
+    summary = (result.get("agent_result") or {}).get("metadata") or {}
+    return str(summary.get("end_reason") or (trajectory.get("extra") or {}).get("end_reason") or "unknown")
+
+
+def _reward(result: Mapping[str, Any]) -> float | None:
+    """Harbor's reward of the trial (the ``reward`` key, else its only one); None when no verifier result counts."""
+    rewards = (result.get("verifier_result") or {}).get("rewards") or {}
+    return rewards.get("reward", next(iter(rewards.values()), None)) if rewards else None
+
+
+def _turn(step: Mapping[str, Any], start: float | None, *, last: bool) -> str:
+    number = int(step.get("step_id", 1)) - 1
+    extra = step.get("extra") or {}
+    when = _offset(step.get("timestamp"), start)
+    metrics = step.get("metrics") or {}
+    tokens = ""
+    if metrics.get("prompt_tokens") is not None or metrics.get("completion_tokens") is not None:
+        tokens = (f'<span class="tokens">{_e(metrics.get("prompt_tokens", "-"))} tokens in · '
+                  f'{_e(metrics.get("completion_tokens", "-"))} out</span>')  # fmt: skip
+    parts = [f'<section class="turn" id="turn-{number}">',
+             f'<h2>Turn {number}{f"<span class=when>{_e(when)}</span>" if when else ""}</h2>{tokens}']  # fmt: skip
+    if extra.get("format_error"):
+        parts.append(f'<div class="format-error"><strong>Format error</strong> (nothing ran): '
+                     f'{_e(extra["format_error"])}</div>')  # fmt: skip
+    if extra.get("warnings"):
+        parts.append('<ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in extra["warnings"]) + "</ul>")
+    message = _text(step.get("message"))
+    parsed = parse_reply(message)
+    if parsed.analysis is not None or parsed.plan is not None:
+        parts.append(f'<h3>Analysis</h3><p class="analysis">{_e(parsed.analysis or "-")}</p>')
+        parts.append(f'<h3>Plan</h3><p class="plan">{_e(parsed.plan or "-")}</p>')
+        parts.append(f"<details><summary>The whole reply</summary><pre>{_e(message)}</pre></details>")
+    else:
+        parts.append(f"<h3>Reply</h3><pre>{_e(message) or '(empty)'}</pre>")
+    calls = keystroke_calls(step)
+    if calls:
+        parts.append('<h3>Keystrokes</h3><ol class="keys">')
+        for call in calls:
+            arguments = call.get("arguments") or {}
+            wait = f"waits up to {_number(arguments.get('duration'))} s"
+            parts.append(f"<li><pre>{_e(_visible(arguments.get('keystrokes', '')))}</pre>"
+                         f'<span class="wait">{_e(wait)}</span></li>')  # fmt: skip
+        parts.append("</ol>")
+    if any(call.get("function_name") == COMPLETE_TOOL for call in step.get("tool_calls") or []):
+        parts.append('<p class="complete">Marked the task complete.</p>')
+    observed = [_text(r.get("content")) for r in (step.get("observation") or {}).get("results") or []]
+    if observed:
+        heading = "The screen at the end" if last else "The screen after (what the model read next)"
+        screen = _e("\n".join(observed))
+        parts.append(f'<h3>{heading}</h3><pre class="terminal">{screen}</pre>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "-"
+
+
+def _visible(keystrokes: str) -> str:
+    """Keystrokes with their Enter shown, so a command that was not run (no newline) can be told apart."""
+    return keystrokes.replace("\n", "⏎\n") if keystrokes else "(no keys: only a wait)"
+
+
+def _text(content: Any) -> str:
+    """An ATIF message or observation: a string, or content parts (their text parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return "" if content is None else json.dumps(content)
+
+
+def _start(steps: Sequence[Mapping[str, Any]]) -> float | None:
+    stamp = steps[0].get("timestamp") if steps else None
+    return epoch(stamp) if stamp else None
+
+
+def _offset(stamp: str | None, start: float | None) -> str | None:
+    if stamp is None or start is None:
+        return None
+    return f"+{epoch(stamp) - start:.1f} s"
+
+
+def _duration(result: Mapping[str, Any]) -> str:
+    started, finished = result.get("started_at"), result.get("finished_at")
+    if not started or not finished:
+        return "-"
+    return f"{epoch(finished) - epoch(started):.1f} s"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)

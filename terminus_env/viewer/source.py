@@ -1,0 +1,114 @@
+"""Find one trial to look at in what ``terminus-env view RUN`` is given: a Harbor job folder, one of its trial
+folders, or an eval run file.
+
+Every source comes out the same way: the trial's ATIF trajectory and its Harbor ``result.json``. A run file's
+rollouts are converted as the eval's job writer converts them, so a page looks the same whichever was given;
+a trial folder written by Harbor itself (its Terminus 2 agent writes ATIF too) can be looked at as well.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from terminus_env.errors import TerminusError
+from terminus_env.rollout.atif import agent_spec, atif_trajectory
+from terminus_env.rollout.harbor_job import CONFIG, RESULT, TRAJECTORY
+from terminus_env.rollout.harbor_records import JobInfo, rollout_result, trial_name
+from terminus_env.rollout.run_log import RunFileError, read_run
+
+
+class ViewError(TerminusError):
+    """RUN holds nothing to look at, or not the trial asked for; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial, as the page shows it."""
+
+    name: str
+    trajectory: dict[str, Any] | None
+    """The ATIF document; None when the trial never reached its first observation."""
+    result: dict[str, Any] | None
+    """Harbor's ``result.json`` of the trial."""
+
+
+@dataclass(frozen=True)
+class Found:
+    trial: Trial
+    names: tuple[str, ...]
+    """Every trial RUN holds, so the user can pick another with ``--trial``."""
+
+
+def find_trial(run: Path, wanted: str | None = None) -> Found:
+    """The trial named ``wanted`` in ``run`` (the first one, by name, when None)."""
+    run = Path(run)
+    if run.is_file():
+        return _from_run_file(run, wanted)
+    if _is_trial_folder(run):
+        if wanted is not None and wanted != run.name:
+            raise ViewError(f"{run} is the trial folder of {run.name}; pass its job folder to choose another trial")
+        return Found(_read_trial_folder(run), (run.name,))
+    if run.is_dir():
+        names = tuple(sorted(child.name for child in run.iterdir() if child.is_dir() and _is_trial_folder(child)))
+        if names:
+            return Found(_read_trial_folder(run / _choose(run, names, wanted)), names)
+    raise ViewError(f"{run}: not an eval run file (.jsonl), a Harbor job folder or a trial folder; pass one of "
+                    "those (an eval prints where it wrote each)")  # fmt: skip
+
+
+def _from_run_file(run: Path, wanted: str | None) -> Found:
+    try:
+        contents = read_run(run)
+    except RunFileError as exc:
+        raise ViewError(str(exc)) from exc
+    records = {trial_name(r.task, r.trial): r for r in contents.rollouts}
+    if not records:
+        raise ViewError(f"{run} holds no finished rollout yet; look again once one has ended")
+    name = _choose(run, tuple(sorted(records)), wanted)
+    record = records[name]
+    agent = agent_spec(contents.config)
+    job = JobInfo(
+        job_id=str(uuid.uuid5(uuid.NAMESPACE_URL, run.resolve().as_uri())),
+        job_dir=run.parent / run.stem,
+        agent=agent,
+        task_paths={record.task: Path(contents.config.folder) / record.task},
+    )
+    trial = Trial(name, atif_trajectory(record, agent), rollout_result(job, record, checksum=""))
+    return Found(trial, tuple(sorted(records)))
+
+
+def _choose(run: Path, names: tuple[str, ...], wanted: str | None) -> str:
+    if wanted is None:
+        return names[0]
+    if wanted not in names:
+        raise ViewError(f"{run} has no trial {wanted!r}; it has: {', '.join(names)}")
+    return wanted
+
+
+def _is_trial_folder(path: Path) -> bool:
+    return path.is_dir() and ((path / TRAJECTORY).is_file() or _trial_config(path))
+
+
+def _trial_config(path: Path) -> bool:
+    """A trial's ``config.json`` names the trial (a job's does not)."""
+    document = _read_json(path / CONFIG)
+    return document is not None and "trial_name" in document
+
+
+def _read_trial_folder(path: Path) -> Trial:
+    return Trial(path.name, _read_json(path / TRAJECTORY), _read_json(path / RESULT))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ViewError(f"{path}: not readable JSON ({exc}); was it cut short? Rewrite the job with the eval's "
+                        "--resume, or look at the run file instead") from exc  # fmt: skip
+    return document if isinstance(document, dict) else None

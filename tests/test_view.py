@@ -1,0 +1,132 @@
+"""``terminus-env view``: the page of a real eval's trial, opened in a real headless Chromium, with a screenshot in
+``test-artifacts/view/`` and assertions on the text the browser renders."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser_support import ARTIFACTS, Browser, chromium_path
+from task_support import BROKEN, FAILURE, TASK, eval_args, small_suite
+
+from terminus_env.cli import main as cli_main
+from terminus_env.rollout.run_log import read_run
+from terminus_env.sandbox.images import prune_task_images
+
+pytestmark = pytest.mark.usefixtures("docker_required")
+SOLVED, UNSOLVED = f"{TASK}__0", f"{TASK}__1"
+GREEN, RED, WHITE = "rgb(26, 127, 55)", "rgb(207, 34, 46)", "rgb(255, 255, 255)"
+BADGE = "(s => [s.backgroundColor, s.color])(getComputedStyle(document.querySelector('.reward')))"
+"""The reward badge's colours as the browser computes them."""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A flaky-oracle eval: its run file and its job folder."""
+    root = tmp_path_factory.mktemp("view")
+    suite = small_suite(root)
+    cli_main(eval_args(suite, root / "run.jsonl", root / "jobs"))
+    yield root / "run.jsonl", root / "jobs" / "run"
+    prune_task_images({}, [suite])
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser(chromium_path()) as browser:
+        yield browser
+
+
+def view(*args: str) -> int:
+    return cli_main(["view", *args])
+
+
+def look(browser: Browser, run: Path, trial: str, folder: Path) -> tuple[str, int]:
+    """View ``trial`` of ``run``, open the page, save its screenshot as an artefact; the text shown and its height."""
+    page = folder / f"{trial}.html"
+    assert view(str(run), "--trial", trial, "--output", str(page)) == 0
+    browser.open(page)
+    shot = ARTIFACTS / "view" / f"{trial}.png"
+    width, height = browser.screenshot(shot)
+    assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and width >= 1000
+    return browser.shown_text(), height
+
+
+def test_a_solved_trial_reads_turn_by_turn_in_a_browser(run: tuple[Path, Path], browser: Browser,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    output, job = run
+    shown, height = look(browser, job, SOLVED, tmp_path)
+    assert height > 1500  # the whole page, four turns long
+    turns = next(r for r in read_run(output).rollouts if r.trial == 0).trajectory["turns"]
+    assert f"{TASK} {SOLVED}" in shown
+    assert "reward 1" in shown and "end reason task_complete" in shown and "format errors 1" in shown
+    assert browser.evaluate(BADGE) == [GREEN, WHITE]  # the reward reads white on green
+    assert [f"Turn {n}" in shown for n in range(1, 5)] == [True] * 4 and "Turn 5" not in shown
+    assert f"Format error (nothing ran): {turns[0]['format_error']}" in shown  # the careless opening
+    assert "Let me look at the task first." in shown
+    assert "Oracle run." in shown and "Apply the reference solution." in shown  # analysis and plan, parsed
+    assert "bash /solution/solve.sh⏎" in shown  # the keystrokes, Enter shown
+    assert "waits up to 60 s" in shown
+    assert "New terminal output:" in shown and "root@" in shown  # the screen after
+    assert "Marked the task complete." in shown
+    assert "<analysis>" not in shown  # the whole reply stays folded away
+    assert shown.rstrip().endswith("Ended: task_complete; reward 1.")
+
+
+def test_an_unsolved_trial_from_the_run_file_says_why(run: tuple[Path, Path], browser: Browser,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    output, _ = run
+    shown, _ = look(browser, output, UNSOLVED, tmp_path)
+    assert "reward 0" in shown and f"Why it earned less than 1: {FAILURE}" in shown.replace("\n", " ")
+    assert browser.evaluate(BADGE) == [RED, WHITE]
+    assert "Give up." in shown and shown.rstrip().endswith("Ended: task_complete; reward 0.")
+
+
+def test_view_picks_a_trial_and_says_how_to_pick_another(run: tuple[Path, Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    _, job = run
+    assert view(str(job)) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == str(job / f"{BROKEN}__0" / "trajectory.html")  # the first, by name
+    assert "pass --trial NAME for another" in out and SOLVED in out
+    page = (job / f"{BROKEN}__0" / "trajectory.html").read_text()
+    assert "no trajectory" in page and "TaskError" in page  # a task that never ran says so
+    assert view(str(job / SOLVED)) == 0  # a trial folder
+    assert capsys.readouterr().out.strip() == str(job / SOLVED / "trajectory.html")
+
+
+def test_view_refuses_what_holds_no_trial_and_names_the_choices(
+    run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, job = run
+    assert view(str(job), "--trial", "nope__0") == 2
+    assert f"has no trial 'nope__0'; it has: {BROKEN}__0, {BROKEN}__1, {SOLVED}, {UNSOLVED}" in capsys.readouterr().err
+    assert view(str(tmp_path)) == 2
+    assert "not an eval run file (.jsonl), a Harbor job folder or a trial folder" in capsys.readouterr().err
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("not json\n")
+    assert view(str(torn)) == 2
+    assert "not an eval run record" in capsys.readouterr().err
+
+
+def test_a_run_file_from_before_times_were_recorded_still_renders(run: tuple[Path, Path], tmp_path: Path) -> None:
+    output, _ = run
+    older = tmp_path / "older.jsonl"
+    lines = []
+    for line in output.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("kind") == "rollout":
+            trajectory = entry["trajectory"]
+            for key in ("started_at", "ready_s", "screen", "grade_s"):
+                trajectory.pop(key)
+            for turn in trajectory["turns"]:
+                for key in ("commands", "terminal", "replied_s", "observed_s"):
+                    turn.pop(key)
+        lines.append(json.dumps(entry))
+    older.write_text("\n".join(lines) + "\n")
+    page = tmp_path / "older.html"
+    assert view(str(older), "--trial", SOLVED, "--output", str(page)) == 0
+    text = page.read_text()
+    assert "Turn 4" in text and "Oracle run." in text and "New terminal output:" in text
+    assert "waits up to" not in text  # no record of what was typed: none is invented
