@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import math
 import re
 import threading
 import time
@@ -278,16 +279,14 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self, episode: _Episode, parsed: ParsedReply, warnings: tuple[str, ...]
     ) -> tuple[Verdict, tuple[Command, ...], TerminalOutput]:
         sandbox = _sandbox(episode)
-        sent: list[Command] = []
-        for command in parsed.commands:
-            if self._out_of_time(episode) or sandbox.violation is not None:
-                break
-            duration = min(command.duration, MAX_COMMAND_DURATION, self._time_left(episode))
-            await sandbox.terminal.send(command.keystrokes, duration)
-            sent.append(command)
         if sandbox.violation is not None:
             raise sandbox.violation
-        output = await sandbox.terminal.capture_new()
+        left = self._time_left(episode)  # the turn's commands stop where the agent's time does, in the sandbox
+        typed = [(command.keystrokes, min(command.duration, MAX_COMMAND_DURATION)) for command in parsed.commands]
+        step = await sandbox.terminal.step(typed, budget=None if math.isinf(left) else max(left, 0.0))
+        if sandbox.violation is not None:
+            raise sandbox.violation
+        sent, output = parsed.commands[: len(step.waited)], step.output
         verdict = judge_after_commands(
             parsed, episode.counters, self.limits, out_of_time=self._out_of_time(episode), warnings=warnings
         )

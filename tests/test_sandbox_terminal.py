@@ -186,3 +186,15 @@ def test_terminal_runs_as_the_spec_user(run: Runner) -> None:
         assert "\nnobody\n/tmp\n" in text
         assert run(sandbox.exec("id -un", 5)).output == "nobody\n"
         assert run(sandbox.exec("id -un", 5, user="root")).output == "root\n"
+
+
+def test_a_turn_runs_in_one_step_and_stops_where_the_budget_does(run: Runner, sandbox: Sandbox) -> None:
+    """`Terminal.step` types each command and waits for it in turn, in one request, then reads what is new; a command
+    the agent's time budget does not reach is not typed at all."""
+    turn = run(sandbox.terminal.step([("echo one\n", 5), ("C-c", 1), ("echo two\n", 5)]))
+    assert len(turn.waited) == 3 and all(waited < 3 for waited in turn.waited)
+    assert "\none\n" in turn.output.text and "\ntwo\n" in turn.output.text and not turn.output.is_screen
+    budgeted = run(sandbox.terminal.step([("sleep 2; echo slow\n", 10), ("echo never\n", 5)], budget=1.0))
+    assert len(budgeted.waited) == 1 and 0.9 <= budgeted.waited[0] < 2
+    run(sandbox.terminal.send("C-c", 2))
+    assert "never" not in run(sandbox.terminal.capture_new()).text

@@ -58,7 +58,8 @@ import warnings
 
 FIONREAD = 0x541B
 TIOCOUTQ = 0x5411
-POLL_S = 0.002
+POLL_S = 0.002  # the idle check's longest pause
+POLL_FIRST_S = 0.0002  # and its first: pauses double from here
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
 AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes,
 SIDE_OOM_SCORE = 900  # then the verifier's and the terminal's: the daemon, main and init (0) come last
@@ -1083,22 +1084,23 @@ class ControlClient:
         self.blocks.put(None)
 
     def run(self, commands):
-        """(ok, output) of a list of commands run as one tmux command list (atomically)."""
+        """(ok, outputs) of a list of commands run as one tmux command list (atomically): each command's output
+        apart, up to the first that failed."""
         line = " ; ".join(" ".join(control_quote(arg) for arg in command) for command in commands)
         with self.lock:
             data = line.encode("utf-8", "surrogateescape") + b"\n"
             while data:
                 data = data[os.write(self.stdin, data) :]
-            output, ok = [], True
+            outputs, ok = [], True
             for _ in commands:
                 block = self.blocks.get(timeout=30)
                 if block is None:
                     raise EOFError("the tmux control client exited")
                 ok, lines = block
-                output.extend(lines)
+                outputs.append("".join(line + "\n" for line in lines))
                 if not ok:
                     break
-        return ok, "".join(line + "\n" for line in output)
+        return ok, outputs
 
     def alive(self):
         return self.child.poll() is None
@@ -1120,12 +1122,28 @@ class Tmux:
         self.clients = {}
 
     def run(self, req, commands):
+        """(ok, output) of the commands, run as one command list; the outputs joined."""
+        ok, outputs = self.run_each(req, commands)
+        return ok, "".join(outputs)
+
+    def run_each(self, req, commands):
+        """(ok, outputs): each command's output apart. Through the control client, the list runs at once, with no
+        pane update in between; a tmux process per command is the fallback."""
         key = (tuple(req["tmux"]), req["target"], req.get("user"))
         try:
             return self.client(key).run(commands)
         except (OSError, EOFError, SpawnError, queue.Empty):
             self.drop(key)
-        return self.run_process(req, commands)
+        if len(commands) > 1 and all(command[0] == "send-keys" for command in commands):  # keys: one process
+            ok, out = self.run_process(req, commands)
+            return ok, [out]
+        outputs = []
+        for command in commands:
+            ok, out = self.run_process(req, [command])
+            outputs.append(out)
+            if not ok:
+                return False, outputs
+        return True, outputs
 
     def client(self, key):
         with self.lock:
@@ -1222,13 +1240,14 @@ class Shell:
         return not self.group_busy(pgrp)
 
     def group_busy(self, pgrp):
-        """A process in the shell's own group means a command substitution or similar is still running."""
+        """A process in the shell's own group means a command substitution or similar is still running.
+        (getpgid is one system call per process; reading each /proc/<pid>/stat cost ten times as much.)"""
         for pid in _pids():
             if pid != self.pid:
                 try:
-                    if int(_stat_fields(pid)[2]) == pgrp:
+                    if os.getpgid(pid) == pgrp:
                         return True
-                except (OSError, IndexError, ValueError):
+                except OSError:
                     continue
         return False
 
@@ -1649,67 +1668,110 @@ def op_commands(daemon, req):
 
 def op_send(daemon, req):
     """Run the tmux calls that type the keys, then wait until the shell is idle or the time is up."""
-    pid = daemon.pane_pid(int(req["pane_pid"]))
-    try:
-        shell = Shell(pid, req["pane_tty"]) if pid is not None else None
-    except (FileNotFoundError, ShellExited):
-        shell = None
+    shell = _pane_shell(daemon, req)
     if shell is None:
         return {"gone": True}
     try:
-        before = shell.switches() if req["calls"] else None
-        if req["calls"]:
-            ok, out = daemon.tmux.run(req, req["calls"])
+        return _type_and_wait(daemon, shell, req, req["calls"], float(req["timeout"]))
+    finally:
+        shell.close()
+
+
+def op_step(daemon, req):
+    """A whole turn in one request: each command's keys typed and waited for in turn, while the turn's ``budget``
+    (the agent's time left, None for none) lasts; then what is new on the terminal, and the screen."""
+    shell = _pane_shell(daemon, req)
+    if shell is None:
+        return {"gone": True}
+    budget, start, waited = req.get("budget"), time.monotonic(), []
+    try:
+        for command in req["commands"]:
+            left = None if budget is None else float(budget) - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                break
+            timeout = float(command["timeout"]) if left is None else min(float(command["timeout"]), left)
+            result = _type_and_wait(daemon, shell, req, command["calls"], timeout)
+            if "waited" not in result:
+                return result
+            waited.append(result["waited"])
+    finally:
+        shell.close()
+    result = _capture(daemon, req, screen=True)
+    result["waited"] = waited
+    return result
+
+
+def _pane_shell(daemon, req):
+    """The pane's shell, or None when it is gone."""
+    pid = daemon.pane_pid(int(req["pane_pid"]))
+    try:
+        return Shell(pid, req["pane_tty"]) if pid is not None else None
+    except (FileNotFoundError, ShellExited):
+        return None
+
+
+def _type_and_wait(daemon, shell, req, calls, timeout):
+    """Type (the tmux calls), then wait until the shell is idle twice in a row, or ``timeout`` seconds. The first
+    looks come quickly: most commands are done within a millisecond or two."""
+    try:
+        before = shell.switches() if calls else None
+        if calls:
+            ok, out = daemon.tmux.run(req, calls)
             if not ok:
                 return {"gone": not os.path.exists("/proc/{}".format(shell.pid)), "error": out.strip()}
         start = time.monotonic()
-        timeout = float(req["timeout"])
-        stable = 0
+        stable, pause = 0, POLL_FIRST_S
         while True:
             stable = stable + 1 if shell.idle(before) else 0
             waited = time.monotonic() - start
             if stable >= 2 or waited >= timeout:
                 return {"waited": waited, "idle": stable >= 2}
-            time.sleep(min(POLL_S, max(timeout - waited, 0)))
+            time.sleep(min(pause, max(timeout - waited, 0)))
+            pause = min(pause * 2, POLL_S)
     except ShellExited:
         return {"gone": True}
     except (OSError, ValueError, IndexError) as exc:
         gone = not os.path.exists("/proc/{}".format(shell.pid))
         return {"gone": gone, "error": None if gone else "{}: {}".format(type(exc).__name__, exc)}
-    finally:
-        shell.close()
 
 
 def op_capture(daemon, req):
-    """Lines from the anchor (absolute index: history size + cursor row at the last capture) to the screen's end.
+    return _capture(daemon, req, screen=bool(req.get("screen")))
 
-    The position and the lines are read in one tmux command list, which tmux runs without reading the pane in
-    between. The host's last known history size is the first guess of where the anchor is; when output moved it,
-    retry with the size just read.
+
+def _capture(daemon, req, screen=False):
+    """Lines from the anchor (absolute index: history size + cursor row at the last capture) to the screen's end,
+    and with ``screen`` the visible screen too.
+
+    The position, the lines and the screen are read in one tmux command list, which tmux runs without reading the
+    pane in between. The host's last known history size is the first guess of where the anchor is; when output
+    moved it, retry with the size just read.
     """
     target, anchor = req["target"], req.get("anchor")
     where = ["display-message", "-p", "-t", target, "#{history_size} #{cursor_y}"]
+    visible = [["capture-pane", "-p", "-t", target]] if screen else []
     history = req.get("history")
     try:
         if history is None or anchor is None:
-            ok, out = daemon.tmux.run(req, [where])
+            ok, outputs = daemon.tmux.run_each(req, [where])
             if not ok:
-                return {"rc": 1, "err": out}
-            history = int(out.split()[0])
+                return {"rc": 1, "err": "".join(outputs)}
+            history = int(outputs[0].split()[0])
         for _ in range(5):
             start = max(anchor - history, -history) if anchor is not None else 0
-            ok, out = daemon.tmux.run(req, [where, ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"],
-                                            where])  # fmt: skip
+            lines = ["capture-pane", "-p", "-t", target, "-S", str(start), "-E", "-"]
+            ok, outputs = daemon.tmux.run_each(req, [where, lines, where, *visible])
             if not ok:
-                return {"rc": 1, "err": out}
-            first, _, rest = out.partition("\n")
-            text, _, last = rest.rstrip("\n").rpartition("\n")
+                return {"rc": 1, "err": "".join(outputs)}
+            first, text, last = outputs[0].strip(), outputs[1], outputs[2].strip()
+            shown = {"screen": outputs[3]} if screen else {}
             if first == last and int(first.split()[0]) == history:
-                return {"rc": 0, "text": text, "history": history, "cursor": int(first.split()[1]), "start": start}
+                return dict(rc=0, text=text.rstrip("\n"), history=history, cursor=int(first.split()[1]), start=start,
+                            **shown)  # fmt: skip
             history = int(last.split()[0])
     except (ValueError, IndexError) as exc:  # the agent's side answered something that is not tmux's answer
         return {"rc": 1, "err": "unreadable answer from tmux ({})".format(exc)}
-    return {"rc": 0, "moving": True}
+    return dict(rc=0, moving=True, **({"screen": outputs[3]} if screen and len(outputs) > 3 else {}))
 
 
 def op_read(daemon, req):
@@ -1741,7 +1803,7 @@ def op_ping(daemon, req):
 
 
 OPS = {
-    "exec": op_exec, "verify": op_verify, "tmux": op_tmux, "commands": op_commands, "send": op_send,
+    "exec": op_exec, "verify": op_verify, "tmux": op_tmux, "commands": op_commands, "send": op_send, "step": op_step,
     "capture": op_capture, "read": op_read, "stop_agent": op_stop_agent, "ping": op_ping, "lookup": op_lookup,
 }  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES, cap_text
 WIDTH, HEIGHT = 160, 40
 HISTORY_LINES = 100_000
 MAX_WAIT_S = 60.0
+MAX_TURN_WAIT_S = 3600.0  # what one turn's commands may wait in all, however many there are
 CHUNK_BYTES = 8_000  # tmux send-keys silently drops arguments much longer than 16 KB
 TMUX = ["tmux", "-L", "terminus", "-f", "/dev/null"]
 TARGET = "main"
@@ -36,6 +38,15 @@ class TerminalOutput:
     text: str
     is_screen: bool  # True: no new output could be found (e.g. after `clear`), so this is the current screen
     omitted_bytes: int
+
+
+@dataclass(frozen=True)
+class TerminalStep:
+    """A turn's commands, typed and waited for: the seconds each waited (the ones the budget left out are not
+    there), and what is new on the terminal afterwards."""
+
+    waited: tuple[float, ...]
+    output: TerminalOutput
 
 
 class Terminal:
@@ -74,36 +85,47 @@ class Terminal:
         Returns the seconds waited.
         """
         timeout = min(max(float(duration), 0.0), MAX_WAIT_S)
-        calls = [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
         started = time.monotonic()
-        pane = {"pane_pid": self._pane_pid, "pane_tty": self._pane_tty}
         reply = await self._request(
-            "send", timeout + 30, tmux=TMUX, target=TARGET, calls=calls, timeout=timeout, **pane
+            "send", timeout + 30, tmux=TMUX, target=TARGET, calls=_calls(keystrokes), timeout=timeout, **self._pane()
         )
         if reply.get("error"):
             raise TerminalGone(f"the terminal stopped taking keys ({reply['error']}); close this sandbox")
         return time.monotonic() - started
 
+    async def step(self, commands: Sequence[tuple[str, float]], budget: float | None = None) -> TerminalStep:
+        """A whole turn in one request: type each command's keys and wait (as ``send``) in turn, starting none once
+        ``budget`` seconds (the agent's time left; None: no limit) are spent; then what is new (as
+        ``capture_new``)."""
+        batch = [{"calls": _calls(keys), "timeout": min(max(float(duration), 0.0), MAX_WAIT_S)}
+                 for keys, duration in commands]  # fmt: skip
+        wait = sum(command["timeout"] for command in batch)
+        wait = min(wait if budget is None else min(wait, budget), MAX_TURN_WAIT_S)
+        reply = await self._request("step", wait + 30, commands=batch, budget=budget, **self._pane(), **self._where())
+        if reply.get("error"):
+            raise TerminalGone(f"the terminal stopped taking keys ({reply['error']}); close this sandbox")
+        return TerminalStep(tuple(reply["waited"]), await self._read(reply))
+
     async def capture_new(self) -> TerminalOutput:
         """Output since the last capture, or the current screen when none can be found."""
-        anchor_line = self._anchor[0] if self._anchor else None
-        reply = await self._request(
-            "capture", 30, tmux=TMUX, target=TARGET, anchor=anchor_line, history=self._history
-        )  # fmt: skip
+        return await self._read(await self._request("capture", 30, **self._where()))
+
+    async def _read(self, reply: dict[str, Any]) -> TerminalOutput:
+        """What a capture answered: the lines after the anchor, or the screen (asked for when not sent along)."""
         if reply.get("moving"):  # output kept scrolling while we looked: show the screen, re-anchor next time
             self._anchor = None
-            return await self._screen_output()
+            return await self._screen_output(reply.get("screen"))
         lines = reply["text"].rstrip("\n").split("\n")
         history, cursor = reply["history"], reply["cursor"]
         self._history = history
         previous = self._anchor
         self._anchor = (history + cursor, _line(lines, cursor - reply["start"]).rstrip())
         if previous is None or _blank_after(lines, previous[1]):
-            return await self._screen_output()
+            return await self._screen_output(reply.get("screen"))
         # A full history drops its oldest tenth, which shifts line numbers: when the anchor is not where
         # it was, it scrolled out, so all that is left is new. Otherwise (e.g. after `clear`) show the screen.
         if not lines[0].startswith(previous[1]) and history < HISTORY_LINES * 9 // 10:
-            return await self._screen_output()
+            return await self._screen_output(reply.get("screen"))
         text, omitted = cap_text("\n".join(lines).rstrip(), OUTPUT_LIMIT_BYTES)
         return TerminalOutput(text, False, omitted)
 
@@ -113,9 +135,16 @@ class Terminal:
         reply = await self._request("commands", 30, tmux=TMUX, target=TARGET, commands=[command])
         return reply["out"].rstrip()
 
-    async def _screen_output(self) -> TerminalOutput:
-        text, omitted = cap_text(await self.screen(), OUTPUT_LIMIT_BYTES)
+    async def _screen_output(self, screen: str | None = None) -> TerminalOutput:
+        text, omitted = cap_text(await self.screen() if screen is None else screen.rstrip(), OUTPUT_LIMIT_BYTES)
         return TerminalOutput(text, True, omitted)
+
+    def _pane(self) -> dict[str, Any]:
+        return {"pane_pid": self._pane_pid, "pane_tty": self._pane_tty}
+
+    def _where(self) -> dict[str, Any]:
+        return {"tmux": TMUX, "target": TARGET, "anchor": self._anchor[0] if self._anchor else None,
+                "history": self._history}  # fmt: skip
 
     async def _request(self, op: str, wait_s: float, **fields: Any) -> dict[str, Any]:
         reply = await self._channel.request(op, wait_s, user=self._user, **fields)
@@ -125,6 +154,11 @@ class Terminal:
                 "close this sandbox and start a new one"
             )
         return reply
+
+
+def _calls(keystrokes: str) -> list[list[str]]:
+    """The tmux commands that type ``keystrokes`` into the pane."""
+    return [["send-keys", "-t", TARGET, *args] for args in key_arguments(keystrokes)]
 
 
 def key_arguments(keystrokes: str) -> list[list[str]]:

@@ -87,6 +87,9 @@ class SandboxHost:
     async def send(self, sandbox_id: str, keystrokes: str, duration: float) -> Answer:
         return await self._on(sandbox_id, lambda s: s.terminal.send(keystrokes, duration))
 
+    async def step(self, sandbox_id: str, commands: list[tuple[str, float]], budget: float | None) -> Answer:
+        return await self._on(sandbox_id, lambda s: s.terminal.step(commands, budget))
+
     async def capture_new(self, sandbox_id: str) -> Answer:
         return await self._on(sandbox_id, lambda s: s.terminal.capture_new())
 

@@ -16,7 +16,7 @@ from terminus_env.sandbox.fleet.link import HostLink
 from terminus_env.sandbox.fleet.wire import Answer, SandboxState, Started, error_from_wire
 from terminus_env.sandbox.sandbox import ExecResult, VerifierRun, tar_dir, tar_file
 from terminus_env.sandbox.spec import SandboxSpec
-from terminus_env.sandbox.terminal import MAX_WAIT_S, TerminalOutput
+from terminus_env.sandbox.terminal import MAX_TURN_WAIT_S, MAX_WAIT_S, TerminalOutput, TerminalStep
 
 CALL_MARGIN_S = 30.0
 """How much longer than the host's own deadline for an operation the pool waits for its answer."""
@@ -158,6 +158,12 @@ class RemoteTerminal:
         wait = min(max(float(duration), 0.0), MAX_WAIT_S) + SHORT_OP_S + CALL_MARGIN_S
         await self._sandbox.call("send", wait, keystrokes, duration)
         return time.monotonic() - started
+
+    async def step(self, commands: Sequence[tuple[str, float]], budget: float | None = None) -> TerminalStep:
+        """A whole turn in one call to the host (see ``Terminal.step``)."""
+        wait = sum(min(max(float(duration), 0.0), MAX_WAIT_S) for _, duration in commands)
+        wait = min(wait if budget is None else min(wait, budget), MAX_TURN_WAIT_S)
+        return await self._sandbox.call("step", wait + 2 * SHORT_OP_S + CALL_MARGIN_S, list(commands), budget)
 
     async def capture_new(self) -> TerminalOutput:
         return await self._sandbox.call("capture_new", 2 * SHORT_OP_S + CALL_MARGIN_S)
