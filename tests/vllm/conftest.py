@@ -1,0 +1,37 @@
+"""Fixtures of the real-vLLM tests: the tiny model, and real replicas started by ``terminus-env serve``.
+
+These tests run in ``.venv-vllm`` (``make test-vllm``). vLLM missing there is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from vllm_support import Fleet, launch
+
+from terminus_env.serving.tiny_model import save_tiny_model
+
+if importlib.util.find_spec("vllm") is None:
+    raise RuntimeError("vLLM is not installed in this environment: run these tests with `make test-vllm`")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def fleet(model_dir, tmp_path_factory) -> Fleet:
+    """Two replicas on the CPU, one core each, started once for the session."""
+    fleet = launch(model_dir, tmp_path_factory.mktemp("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
+    print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
+    yield fleet
+    fleet.stop()
