@@ -39,8 +39,10 @@ from terminus_env.training import (
     DriftPolicy,
     MaskingPolicy,
     MergedSequence,
+    check_vocabulary,
     drift_counts,
     merged_sequences,
+    untrained_token_share,
 )
 
 REWARD_FIELD = "env_reward"
@@ -90,6 +92,9 @@ class TerminusRollouts:
         trajectories = shared_loop().run(self._rollouts(prompts, version))
         self.last_trajectories = trajectories
         sequences = merged_sequences(trajectories, self._drift, self._masking)
+        vocab_size = _vocab_size(trainer)
+        if vocab_size is not None:
+            check_vocabulary(sequences, vocab_size)
         batch = trl_batch(sequences, _end_token(trainer))
         _log(trainer, trajectories, sequences)
         return batch
@@ -163,7 +168,8 @@ def trl_batch(sequences: Sequence[MergedSequence], end_token: int) -> dict[str, 
         "logprobs": logprobs,
         "env_mask": env_mask,
         REWARD_FIELD: [None if s.masked else s.reward for s in sequences],
-        "end_reason": [s.mask_reason or s.stop_reason for s in sequences],
+        "end_reason": [s.end_reason or s.mask_reason for s in sequences],  # the env's (format_error, ...)
+        "finish_reason": [s.stop_reason for s in sequences],  # the engine's, of the last turn
         "task": [s.task for s in sequences],
         "drifted_turns": [s.drifted_turns for s in sequences],
     }
@@ -187,6 +193,12 @@ def _end_token(trainer: Any) -> int:
     return 0
 
 
+def _vocab_size(trainer: Any) -> int | None:
+    """The trainer's model's embedding rows (``config.vocab_size``), when it has a model."""
+    size = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
 def _log(trainer: Any, trajectories: list[Trajectory], sequences: list[MergedSequence]) -> None:
     """Our batch metrics into TRL's logs (``env/...``), when the trainer exposes its metrics store."""
     store = getattr(trainer, "_metrics", None)
@@ -196,4 +208,6 @@ def _log(trainer: Any, trajectories: list[Trajectory], sequences: list[MergedSeq
     for name in ("mean_reward", "mean_format_errors", "mean_opening_streak", "rescued_rate", "mean_turns"):
         store["train"][f"env/{name}"].append(float(getattr(metrics, name)))
     store["train"]["env/drifted_turns"].append(float(metrics.drifted_turns))
+    # Under REALIGN a drifted turn's earlier completions stop training silently; this says how much.
+    store["train"]["env/untrained_token_share"].append(untrained_token_share(trajectories, sequences))
     store["train"]["env/masked"].append(float(sum(s.masked for s in sequences)))

@@ -41,6 +41,9 @@ class Fleet:
             raise AssertionError(f"no APIServer pid in replica-{index}.log")
         return int(match.group(1))
 
+    def launcher_log(self) -> str:
+        return (self.log_dir / "serve.err").read_text()
+
     def stop(self) -> None:
         """SIGTERM the launcher (it stops its replicas), then check every replica port is closed."""
         if self.proc.poll() is None:
@@ -50,9 +53,8 @@ class Fleet:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         deadline = time.monotonic() + 30
         while any(_answers(url) for url in self.urls):
             if time.monotonic() > deadline:
@@ -97,14 +99,16 @@ def launch(model_dir: Path, log_dir: Path, *, dp: int, serve_args: tuple[str, ..
            *serve_args, "--", *ENGINE_ARGS, *engine_args]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "serve.err", "w") as err:  # the launcher's own messages: why it stopped, if it did
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     lines: list[str] = []
     fleet = Fleet(proc, [f"http://127.0.0.1:{port + i}" for i in range(dp)], 0.0, lines, log_dir)
     try:
         while True:
             line = proc.stdout.readline()
             if not line:
-                raise AssertionError(f"terminus-env serve exited (rc={proc.wait()}): {proc.stderr.read()[-3000:]}")
+                raise AssertionError(f"terminus-env serve exited (rc={proc.wait()}): {fleet.launcher_log()[-3000:]}")
             lines.append(line.rstrip())
             if line.startswith("evaluate with:"):
                 break

@@ -1,0 +1,76 @@
+"""Two real replicas with a tiny KV cache (24 blocks of 32 tokens), each from its own ``terminus-env serve``: vLLM
+preempts when requests outgrow it, and the pool fails over when one replica is killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from vllm_support import MODEL_NAME, launch
+
+from terminus_env.serving import ReplicaClient, ServingPool
+
+SMALL_KV = ("--num-gpu-blocks-override", "24", "--block-size", "32", "--max-model-len", "512")
+
+
+@pytest.fixture(scope="module")
+def pair(model_dir, tmp_path_factory):
+    fleets = []
+    try:
+        for i in range(2):  # separate launchers: killing one replica must not stop the other
+            fleets.append(launch(model_dir, tmp_path_factory.mktemp(f"small-{i}"), dp=1, engine_args=SMALL_KV))
+        yield fleets
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+
+
+def test_requests_outgrowing_a_small_kv_cache_are_preempted_and_still_finish(pair):
+    url = pair[0].urls[0]
+
+    async def main():
+        async with ReplicaClient(url) as client:
+            before = (await client.metrics())["0"]
+            chats = [client.chat(MODEL_NAME, [{"role": "user", "content": f"count to {i}"}], max_tokens=400,
+                                 ignore_eos=True) for i in range(8)]  # fmt: skip
+            done = await asyncio.gather(*chats)
+            after = (await client.metrics())["0"]
+        return before, done, after
+
+    before, done, after = asyncio.run(main())
+    assert after.num_gpu_blocks == 24 and after.block_size == 32
+    assert all(c.completion_tokens == 400 and c.finish_reason == "length" for c in done)
+    assert after.num_preemptions_total > before.num_preemptions_total  # 8 × 14 blocks wanted, 23 usable
+
+
+def test_the_pool_fails_over_when_a_replica_is_killed_mid_run(pair):
+    survivor, victim = pair[0].urls[0], pair[1].urls[0]
+    killed = asyncio.Event()
+
+    async def session(pool: ServingPool, i: int) -> list[str]:
+        messages = [{"role": "user", "content": f"session {i}"}]
+        served = []
+        async with pool.session(f"s{i}"):
+            for turn in range(4):
+                if turn == 2 and i == 0:
+                    os.killpg(pair[1].replica_pid(0), signal.SIGKILL)  # the victim's whole process group
+                    killed.set()
+                await asyncio.sleep(0)
+                c = await pool.chat(f"s{i}", messages, max_tokens=60, ignore_eos=True)
+                assert c.completion_tokens == 60
+                served.append(c.replica)
+                messages += [{"role": "assistant", "content": c.text}, {"role": "user", "content": "more"}]
+        return served
+
+    async def main():
+        async with ServingPool([survivor, victim], MODEL_NAME, scrape_interval_s=0.5, failover_timeout_s=60) as pool:
+            served = await asyncio.gather(*(session(pool, i) for i in range(4)))
+            return served, pool.is_up(victim)
+
+    served, victim_up = asyncio.run(main())
+    assert killed.is_set() and not victim_up
+    assert any(victim in s[:2] for s in served)  # sessions lived on the victim before the kill
+    assert all(s[-1] == survivor for s in served)  # and every session finished on the survivor
+    assert pair[1].proc.wait(timeout=60) == 1  # its launcher saw the replica die and stopped
