@@ -6,12 +6,10 @@ import asyncio
 
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_support import MODEL_NAME
+from vllm_support import MODEL_NAME, PROMPT, expected_logprobs, probe
 
 from terminus_env.serving import ReplicaClient, ServingPool
 from terminus_env.serving.weight_sync import CheckpointReload
-
-PROMPT = [{"role": "user", "content": " ".join(["list the files in the folder and write the output"] * 40)}]
 
 
 def perturbed(model_dir, out_dir):
@@ -23,22 +21,6 @@ def perturbed(model_dir, out_dir):
             p.add_(torch.randn(p.shape, generator=generator) * 0.3)
     model.save_pretrained(out_dir)
     return model
-
-
-def expected_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
-    """log p(token) at temperature 1, computed independently of vLLM."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1 : -1]
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
-
-
-async def probe(url: str):
-    """The fixed prompt on one replica, with that replica's prefix-cache hits for it."""
-    async with ReplicaClient(url) as client:
-        before = (await client.metrics())["0"].prefix_cache_hits_total
-        c = await client.chat(MODEL_NAME, PROMPT, max_tokens=8, temperature=1.0, seed=3)
-        hits = (await client.metrics())["0"].prefix_cache_hits_total - before
-    return c, hits
 
 
 def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):

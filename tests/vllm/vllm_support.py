@@ -17,11 +17,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import torch
+
+from terminus_env.serving import ReplicaClient
 
 MODEL_NAME = "tiny"
 START_TIMEOUT_S = 600.0
 ENGINE_ARGS = ("--enforce-eager", "--dtype", "float32", "--served-model-name", MODEL_NAME)
 _PID = re.compile(r"APIServer pid=(\d+)")
+PROMPT = [{"role": "user", "content": " ".join(["list the files in the folder and write the output"] * 40)}]
+
+
+def expected_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """log p(token) at temperature 1, computed independently of vLLM."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
+async def probe(url: str):
+    """The fixed prompt on one replica, with that replica's prefix-cache hits for it."""
+    async with ReplicaClient(url) as client:
+        before = (await client.metrics())["0"].prefix_cache_hits_total
+        c = await client.chat(MODEL_NAME, PROMPT, max_tokens=8, temperature=1.0, seed=3)
+        hits = (await client.metrics())["0"].prefix_cache_hits_total - before
+    return c, hits
 
 
 @dataclass
