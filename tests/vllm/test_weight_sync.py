@@ -6,7 +6,7 @@ import asyncio
 
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_support import MODEL_NAME, PROMPT, expected_logprobs, probe
+from vllm_support import MODEL_NAME, expected_logprobs, probe
 
 from terminus_env.serving import ReplicaClient, ServingPool
 from terminus_env.serving.weight_sync import CheckpointReload
@@ -40,8 +40,8 @@ def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versi
                 await asyncio.sleep(0.3)  # at the replica when the sync starts
                 sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(tmp_path / "step-1")), version=1))
                 await asyncio.sleep(0)
-                async with pool.session("during"):
-                    during = await pool.chat("during", PROMPT, max_tokens=4)  # held until the new weights are in
+                async with pool.session("during"):  # held until the new weights are in
+                    during = await pool.chat("during", [{"role": "user", "content": "and now?"}], max_tokens=4)
                 report = await sync
                 finished_old = await in_flight
             after = [await probe(url) for url in fleet.urls]
