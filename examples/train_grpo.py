@@ -22,9 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,32 +60,17 @@ def replicas(args: argparse.Namespace, model: str, log_dir: Path) -> Iterator[tu
     if args.base_url:
         yield args.base_url, args.served_model_name or model
         return
+    from terminus_env.serving.serve_process import ServeProcess
+
     name = args.served_model_name or "policy"
-    cmd = [sys.executable, "-m", "terminus_env.cli", "serve", "--model", model, "--dp", str(args.dp), "--tp",
-           str(args.tp), "--port", str(args.port), "--host", "127.0.0.1", "--weight-sync", "--log-dir", str(log_dir),
-           "--", "--served-model-name", name]  # fmt: skip
+    serve_args = ["--model", model, "--dp", str(args.dp), "--tp", str(args.tp), "--port", str(args.port), "--host",
+                  "127.0.0.1", "--weight-sync", "--", "--served-model-name", name]  # fmt: skip
     if args.tiny:
-        cmd += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "8192"]
-    env = dict(os.environ)
-    if args.replica_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = args.replica_gpus
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        urls = []
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            if line.startswith("  http://"):
-                urls.append(line.split()[0])
-            if line.startswith("evaluate with:"):
-                break
-        if proc.poll() is not None or not urls:
-            raise SystemExit(f"terminus-env serve failed (exit {proc.wait()}); see {log_dir}")
-        print(f"replicas ready in {time.monotonic() - started:.1f}s", flush=True)
-        yield urls, name
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        serve_args += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "8192"]
+    env = {"CUDA_VISIBLE_DEVICES": args.replica_gpus} if args.replica_gpus else {}
+    with ServeProcess(serve_args, log_dir, env) as served:
+        print("\n".join(served.lines), flush=True)
+        yield served.urls, name
 
 
 class StepTimer:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from vllm_support import Fleet, launch
+from vllm_support import launch
 
 from terminus_env.serving.tiny_model import save_tiny_model
 
@@ -29,7 +29,7 @@ def tokenizer(model_dir):
 
 
 @pytest.fixture(scope="session")
-def fleet(model_dir, tmp_path_factory) -> Fleet:
+def fleet(model_dir, tmp_path_factory):
     """Two replicas on the CPU, one core each, started once for the session."""
     fleet = launch(model_dir, tmp_path_factory.mktemp("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
     print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")

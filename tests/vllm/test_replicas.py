@@ -13,23 +13,10 @@ from pathlib import Path
 import httpx
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_support import MODEL_NAME, free_ports
+from vllm_cpu import EveryRequestRoundRobin, free_ports, hit_rate
+from vllm_support import MODEL_NAME
 
 from terminus_env.serving import ReplicaClient, ServingPool
-from terminus_env.serving.policies import RoundRobin
-
-
-class EveryRequestRoundRobin(RoundRobin):
-    """Round robin over requests, not sessions: a session's turns alternate between the replicas."""
-
-    name = "round_robin_per_request"
-    sticky = False
-
-
-def words(n: int, seed: int) -> str:
-    """``n`` words of filler text, different per seed, so that prompts span several KV blocks."""
-    vocab = ["shell", "file", "write", "list", "error", "task", "output", "path", "hello", "config", "run", "test"]
-    return " ".join(vocab[(seed * 7 + i * i) % len(vocab)] for i in range(n))
 
 
 def test_serve_starts_one_replica_per_core_share_and_reports_the_start_time(fleet):
@@ -67,39 +54,6 @@ def test_token_ids_prompt_ids_and_processed_logprobs(fleet, tokenizer, model_dir
     assert not torch.allclose(torch.tensor(c.logprobs), raw, atol=2e-3)  # the check tells the two modes apart
 
 
-async def _sessions(pool: ServingPool, n_sessions: int, turns: int, seed: int) -> dict[str, list[str]]:
-    """``n_sessions`` concurrent multi-turn chats; each session's replica per turn."""
-
-    async def one(i: int) -> list[str]:
-        sid = f"s{seed}-{i}"
-        messages = [{"role": "system", "content": words(300, i)}, {"role": "user", "content": words(40, i + 1)}]
-        seen = []
-        async with pool.session(sid):
-            for turn in range(turns):
-                c = await pool.chat(sid, messages, max_tokens=16, temperature=1.0, seed=turn)
-                seen.append(c.replica)
-                messages += [{"role": "assistant", "content": c.text},
-                             {"role": "user", "content": words(30, 100 * i + turn)}]  # fmt: skip
-        return seen
-
-    results = await asyncio.gather(*(one(i) for i in range(n_sessions)))
-    return {f"s{seed}-{i}": r for i, r in enumerate(results)}
-
-
-async def _hit_rate(fleet, policy, seed: int) -> tuple[float, dict[str, list[str]]]:
-    """Prefix-cache hit rate (Δhits / Δqueries over both replicas' /metrics) of one workload under ``policy``."""
-    async with ServingPool(fleet.urls, MODEL_NAME, policy=policy, scrape_interval_s=0.5) as pool:
-        before = pool.latest_metrics()
-        for client in pool._clients.values():
-            await client.reset_prefix_cache()  # each measurement starts cold
-        placed = await _sessions(pool, n_sessions=6, turns=4, seed=seed)
-        await pool._scrape_all()
-        after = pool.latest_metrics()
-    hits = sum(after[r].prefix_cache_hits_total - before[r].prefix_cache_hits_total for r in after)
-    queries = sum(after[r].prefix_cache_queries_total - before[r].prefix_cache_queries_total for r in after)
-    return hits / queries, placed
-
-
 def test_pool_routes_on_real_metrics_keeps_sessions_sticky_and_beats_round_robin_on_prefix_hits(fleet):
     async def metrics():
         async with ServingPool(fleet.urls, MODEL_NAME) as pool:
@@ -110,10 +64,10 @@ def test_pool_routes_on_real_metrics_keeps_sessions_sticky_and_beats_round_robin
     for m in scraped.values():  # the numbers available_kv placement reads
         assert m.num_gpu_blocks > 0 and m.block_size > 0 and m.kv_capacity_tokens > 8192 and m.kv_cache_usage == 0.0
 
-    sticky, placed = asyncio.run(_hit_rate(fleet, "available_kv", seed=1))
+    sticky, placed = asyncio.run(hit_rate(fleet.urls, "available_kv", seed=1))
     assert all(len(set(replicas)) == 1 for replicas in placed.values()), placed  # every turn on its first replica
     assert {replicas[0] for replicas in placed.values()} == set(fleet.urls)  # and both replicas used
-    round_robin, placed_rr = asyncio.run(_hit_rate(fleet, EveryRequestRoundRobin(), seed=1))
+    round_robin, placed_rr = asyncio.run(hit_rate(fleet.urls, EveryRequestRoundRobin(), seed=1))
     assert any(len(set(replicas)) == 2 for replicas in placed_rr.values()), placed_rr  # turns moved between replicas
     print(f"\nprefix-cache hit rate on real vLLM: sticky {sticky:.3f}, round-robin {round_robin:.3f}")
     assert sticky > round_robin + 0.1, (sticky, round_robin)
