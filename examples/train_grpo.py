@@ -3,7 +3,7 @@
 On a CPU, with a tiny random model made on the spot (its replies are noise, so every reward is 0 and only weight
 decay moves the weights; CI runs this against its own replicas with ``--base-url``):
 
-    python examples/train_grpo.py --tiny --steps 2 --weight-decay 0.1
+    python examples/train_grpo.py --tiny --steps 2 --learning-rate 0.05 --weight-decay 1.0
 
 On GPUs, see docs/integrations.md ("GRPO on GPUs") for the model, DP, TP, batch and group sizes to pass:
 

@@ -233,8 +233,8 @@ class ServingPool:
         keep the old version (vLLM's ``/pause?mode=wait`` drains other clients' requests the same way).
         Each replica is then loaded from ``source``, its prefix cache reset (no later request may reuse
         KV computed with the old weights) and its weight version set, then resumed. A replica that is
-        down, or fails to load, is marked down and loads these weights before it takes sessions again.
-        Raises :class:`ServingError` when no replica took the new weights.
+        down, or fails to load while others succeed, is marked down and loads these weights before it
+        takes sessions again. Raises :class:`ServingError`, changing nothing, when no replica took them.
         """
         loop = asyncio.get_running_loop()
         async with self._sync_lock:
@@ -246,16 +246,14 @@ class ServingPool:
                 results = await asyncio.gather(
                     *(self._load(name, source, str(version)) for name in up), return_exceptions=True
                 )
-                loaded, load_s = [], 0.0
-                for name, result in zip(up, results):
-                    if isinstance(result, BaseException):
-                        self._mark_down(name, result)
-                    else:
-                        loaded.append(name)
-                        load_s = max(load_s, result)
-                if not loaded:
+                loaded = [name for name, result in zip(up, results) if not isinstance(result, BaseException)]
+                if not loaded:  # nothing changed anywhere: say why, and leave the replicas as they were
                     errors = "; ".join(f"{n}: {r}" for n, r in zip(up, results))
                     raise ServingError(f"no replica took the weights of version {version} ({errors or 'none is up'})")
+                for name, result in zip(up, results):
+                    if isinstance(result, BaseException):  # it holds other weights than the rest now
+                        self._mark_down(name, result)
+                load_s = max(r for r in results if not isinstance(r, BaseException))
                 self.policy_version = version
                 self._synced = (source, str(version))
             finally:

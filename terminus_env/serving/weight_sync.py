@@ -13,6 +13,7 @@ them fits the same protocol but is not written yet (docs/serving.md).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,15 +33,35 @@ class CheckpointReload:
 
     vLLM reads every tensor the model has from ``path``, so the checkpoint must hold the whole model
     with the architecture the replicas serve; the tokenizer stays the one they started with.
+
+    A model whose output layer is tied to its embeddings (``tie_word_embeddings``, as in the small
+    Qwen2.5 and Qwen3 models) is refused: vLLM 0.32 reloads the embeddings in place but leaves the tied
+    output layer with the old weights, so the replicas would serve a model that exists nowhere
+    (``tests/vllm/test_weight_sync.py`` shows it).
     """
 
     path: str
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
+        if _tied_embeddings(Path(self.path)):
+            raise ValueError(
+                f"{self.path}: the model ties its output layer to its embeddings, which vLLM 0.32's in-place reload "
+                "leaves with the old weights; train and serve it untied (tie_word_embeddings=False, the output "
+                "layer a copy of the embeddings), or restart the replicas on each checkpoint"
+            )
 
     async def load(self, replica: ReplicaClient) -> None:
         await replica.collective_rpc("reload_weights", {"weights_path": self.path})
+
+
+def _tied_embeddings(checkpoint: Path) -> bool:
+    """What the checkpoint's ``config.json`` says (at the top, or under ``text_config`` for multimodal models)."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # not readable from here: the replicas will say what is wrong
+    return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings")))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "train_grpo.py"
 def test_two_grpo_steps_train_on_real_rollouts_and_sync_the_replicas(fleet, model_dir, tmp_path):
     out = tmp_path / "grpo.json"
     cmd = [sys.executable, str(EXAMPLE), "--model", str(model_dir), "--served-model-name", MODEL_NAME,
-           "--base-url", fleet.urls[0], "--base-url", fleet.urls[1], "--steps", "2", "--weight-decay", "0.1",
+           "--base-url", fleet.urls[0], "--base-url", fleet.urls[1], "--steps", "2",
+           "--learning-rate", "0.05", "--weight-decay", "1.0",
            "--output", str(tmp_path / "run"), "--json", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-scale", type=float, default=1.0, help="real seconds per simulated second (0: as fast as possible)"
     )
     serve.add_argument(
+        "--weight-sync", action="store_true", help="serve vLLM's weight-update endpoints (pause, collective_rpc, ...)"
+    )
+    serve.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="a Hugging Face tokenizer folder with a chat template (needs transformers): prompts and replies get the "
@@ -82,7 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         engine = SimConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(SimConfig)})
-        config = ServerConfig(model=args.model, engines=args.engines, engine=engine, time_scale=args.time_scale)
+        config = ServerConfig(
+            model=args.model,
+            engines=args.engines,
+            engine=engine,
+            time_scale=args.time_scale,
+            weight_sync=args.weight_sync,
+        )
         replies = _reply_source(args)
         tokenizer = _tokenizer(args.tokenizer)
     except (ValueError, OSError) as exc:

@@ -40,6 +40,7 @@ class ServerConfig:
     engines: int = 1
     engine: SimConfig = field(default_factory=SimConfig)
     time_scale: float = 1.0  # real seconds per simulated second; 0 runs as fast as the loop can
+    weight_sync: bool = False  # serve vLLM's weight-update endpoints, as `vllm serve` does with VLLM_SERVER_DEV_MODE=1
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -60,6 +61,9 @@ class _EngineDriver:
         self._epoch = time.monotonic()
         self.dead: Exception | None = None
         self.max_lag_s = 0.0  # how far the engine's clock ran behind the wall clock, in simulated seconds
+
+    def busy(self) -> bool:
+        return bool(self._pending)
 
     def load(self) -> float:
         """vLLM's own data-parallel balancing score: ``waiting × 4 + running``."""
@@ -147,6 +151,10 @@ class SimServer:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._connections: set[asyncio.Task] = set()
+        self._serving = asyncio.Event()  # cleared while paused for a weight update
+        self._serving.set()
+        self.weights_path: str | None = None  # the last reload_weights' path
+        self.weight_version: str | None = None
         self.host = ""
         self.port = 0
 
@@ -201,6 +209,15 @@ class SimServer:
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
         }
+        if self.config.weight_sync:
+            routes |= {
+                ("POST", "/pause"): self._pause,
+                ("POST", "/resume"): self._resume,
+                ("POST", "/collective_rpc"): self._collective_rpc,
+                ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
+                ("POST", "/update_weight_version"): self._update_weight_version,
+                ("GET", "/weight_info"): self._weight_info,
+            }
         handler = routes.get((request.method, request.path))
         if handler is None:
             known = any(path == request.path for _, path in routes)
@@ -209,6 +226,37 @@ class SimServer:
             return await handler(request)
         except _ApiError as exc:
             return exc.response()
+
+    # -- weight updates (vLLM's development endpoints) ---------------------------------------------------
+
+    async def _pause(self, request: Request) -> Response:
+        """``mode=wait`` (the only one modelled): new requests wait for ``/resume``; running ones finish first."""
+        self._serving.clear()
+        while any(driver.busy() for driver in self._drivers):
+            await asyncio.sleep(0.005)
+        return Response.json(200, {"status": "paused"})
+
+    async def _resume(self, request: Request) -> Response:
+        self._serving.set()
+        return Response.json(200, {"status": "resumed"})
+
+    async def _collective_rpc(self, request: Request) -> Response:
+        """``reload_weights`` records where the weights came from; the simulator has none to load."""
+        body = request.json()
+        if body.get("method") != "reload_weights":
+            raise _ApiError(500, f"the simulator's workers have no method {body.get('method')!r}")
+        self.weights_path = (body.get("kwargs") or {}).get("weights_path")
+        return Response.json(200, {"results": [None] * len(self._drivers)})
+
+    async def _reset_prefix_cache(self, request: Request) -> Response:
+        return Response.json(200, {"success": all(d.replica.reset_prefix_cache() for d in self._drivers)})
+
+    async def _update_weight_version(self, request: Request) -> Response:
+        self.weight_version = str(request.json()["new_version"])
+        return Response.json(200, {"success": True, "new_version": self.weight_version})
+
+    async def _weight_info(self, request: Request) -> Response:
+        return Response.json(200, {"weight_version": self.weight_version})
 
     async def _health(self, request: Request) -> Response:
         dead = [d.replica.engine for d in self._drivers if d.dead is not None]
@@ -248,6 +296,7 @@ class SimServer:
         return Response.json(200, {"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
+        await self._serving.wait()  # held while paused for a weight update
         body = _chat_body(request)
         try:
             prompt = self._tokenizer.chat_prompt(body["messages"])
