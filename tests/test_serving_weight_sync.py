@@ -100,3 +100,23 @@ def test_a_checkpoint_with_tied_embeddings_is_refused_before_any_replica_is_touc
         CheckpointReload(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "tie_word_embeddings": False}))
     assert CheckpointReload(str(tmp_path)).path == str(tmp_path.resolve())
+
+
+def test_serving_policy_turns_record_the_pools_version_unless_the_trainer_names_one(tmp_path, tiny_task_dir):
+    from terminus_env import load_task
+    from terminus_env.rollout.policy import Rollout, ServingPolicy
+
+    rollout = Rollout("r", "g", load_task(tiny_task_dir))
+
+    async def main():
+        async with SimServer(SYNCED) as a, ServingPool([a.url], "m") as pool:
+            policy = ServingPolicy(pool, max_tokens=2)
+            async with policy.session(rollout):
+                before = await policy.act(rollout, PROMPT)
+                await pool.sync_weights(CheckpointReload(str(tmp_path)), version=3)
+                after = await policy.act(rollout, PROMPT)
+                policy.policy_version = "trainer-9"
+                named = await policy.act(rollout, PROMPT)
+            return before.policy_version, after.policy_version, named.policy_version
+
+    assert run(main()) == (None, 3, "trainer-9")
