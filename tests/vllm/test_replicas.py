@@ -42,7 +42,9 @@ def test_token_ids_prompt_ids_and_processed_logprobs(fleet, tokenizer, model_dir
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert c.prompt_token_ids == tokenizer.encode(rendered, add_special_tokens=False)
     assert len(c.token_ids) == len(c.logprobs) == c.completion_tokens and c.prompt_tokens == len(c.prompt_token_ids)
-    assert tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text
+    # The text is the ids decoded, less an incomplete UTF-8 character at the very end, which vLLM holds back.
+    decoded = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert decoded.startswith(c.text) and set(decoded[len(c.text) :]) <= {"\ufffd"}
     # processed_logprobs: the log-probabilities the tokens were sampled from, after temperature.
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ids = torch.tensor([c.prompt_token_ids + c.token_ids])
