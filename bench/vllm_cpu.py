@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from terminus_env.serving import ReplicaClient, ServingPool
 from terminus_env.serving.policies import RoundRobin
-from terminus_env.serving.serve_process import ServeProcess
+from terminus_env.serving.serve_process import ServeProcess, free_ports
 from terminus_env.serving.weight_sync import CheckpointReload
 
 MODEL = "tiny"
@@ -114,26 +113,6 @@ async def weight_sync(urls: list[str], checkpoint: Path, rounds: int = 3) -> lis
             report = await pool.sync_weights(CheckpointReload(str(checkpoint)), version)
             out.append({"held_s": report.held_s, "load_s": report.load_s})
     return out
-
-
-def free_ports(n: int) -> int:
-    """A base port with ``n`` free ports after it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def serve(model_dir: Path, log_dir: Path, compiled: bool) -> ServeProcess:

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dp", type=int, default=2, help="vLLM replicas to start")
     parser.add_argument("--tp", type=int, default=1, help="GPUs per replica")
     parser.add_argument("--replica-gpus", help="CUDA_VISIBLE_DEVICES for the replicas (the trainer keeps the rest)")
-    parser.add_argument("--port", type=int, default=8100, help="the first replica's port")
+    parser.add_argument("--port", type=int, help="the first replica's port (default: the first of --dp free ones)")
     parser.add_argument("--base-url", action="append", help="use these replicas instead of starting them")
     parser.add_argument("--served-model-name", help="the name the replicas serve the model under")
     parser.add_argument("--max-sandboxes", type=int, default=4)
@@ -60,10 +60,11 @@ def replicas(args: argparse.Namespace, model: str, log_dir: Path) -> Iterator[tu
     if args.base_url:
         yield args.base_url, args.served_model_name or model
         return
-    from terminus_env.serving.serve_process import ServeProcess
+    from terminus_env.serving.serve_process import ServeProcess, free_ports
 
     name = args.served_model_name or "policy"
-    serve_args = ["--model", model, "--dp", str(args.dp), "--tp", str(args.tp), "--port", str(args.port), "--host",
+    port = args.port or free_ports(args.dp)
+    serve_args = ["--model", model, "--dp", str(args.dp), "--tp", str(args.tp), "--port", str(port), "--host",
                   "127.0.0.1", "--weight-sync", "--", "--served-model-name", name]  # fmt: skip
     if args.tiny:
         serve_args += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "8192"]

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from serving_support import pid_alive, terminate
 
 from terminus_env.serving.launcher import LaunchError, build_parser, main, plan
+from terminus_env.serving.serve_process import free_ports
 
 STUB = """#!{python}
 # A stand-in for `python -m vllm.entrypoints.openai.api_server --model MODEL --port P ...`: answers the
@@ -50,26 +50,6 @@ def stub_python(tmp_path):
     yield env, records, str(stub)
     for record in records.glob("*.json"):
         terminate(json.loads(record.read_text())["pid"])
-
-
-def _free_ports(n: int) -> int:
-    """A base port with n free ports after it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @contextlib.contextmanager
@@ -115,7 +95,7 @@ def _wait_dead(pids: list[int], timeout_s: float = 10) -> bool:
 def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_python):
     env, records, python = stub_python
     env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"
-    port = _free_ports(2)
+    port = free_ports(2)
     args = ["--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port), "--device", "gpu"]
     with _launched(env, python, *args, "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9") as proc:
         lines = _read_until_ready(proc)
@@ -144,7 +124,7 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_python):
 
 def test_on_the_cpu_each_replica_is_pinned_to_its_own_cores(stub_python):
     env, records, python = stub_python
-    port = _free_ports(2)
+    port = free_ports(2)
     with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(port), "--device", "cpu",
                    "--weight-sync") as proc:  # fmt: skip
         lines = _read_until_ready(proc)
@@ -164,7 +144,7 @@ def test_on_the_cpu_each_replica_is_pinned_to_its_own_cores(stub_python):
 
 def test_when_one_replica_dies_the_others_are_stopped(stub_python, tmp_path):
     env, records, python = stub_python
-    port = _free_ports(3)
+    port = free_ports(3)
     logs = tmp_path / "logs"
     args = ["--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs), "--device", "gpu"]
     with _launched(env, python, *args) as proc:
@@ -180,7 +160,7 @@ def test_when_one_replica_dies_the_others_are_stopped(stub_python, tmp_path):
 
 def test_launcher_killed_outright_leaves_no_replica(stub_python):
     env, records, python = stub_python
-    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(_free_ports(2))) as proc:
+    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(free_ports(2))) as proc:
         _read_until_ready(proc)
         pids = [r["pid"] for r in _records(records)]
         proc.kill()  # SIGKILL: no cleanup code runs; the replicas' parent-death signal does it

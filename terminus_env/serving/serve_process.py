@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,4 +112,24 @@ def _answers(url: str) -> bool:
         httpx.get(f"{url}/health", timeout=1.0)
     except httpx.HTTPError:
         return False
+    return True
+
+
+def free_ports(n: int) -> int:
+    """A base port with ``n`` free ports after it on 127.0.0.1, for ``serve --port`` (replica i takes base + i)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
     return True

@@ -13,10 +13,11 @@ from pathlib import Path
 import httpx
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_cpu import EveryRequestRoundRobin, free_ports, hit_rate
+from vllm_cpu import EveryRequestRoundRobin, hit_rate
 from vllm_support import MODEL_NAME
 
 from terminus_env.serving import ReplicaClient, ServingPool
+from terminus_env.serving.serve_process import free_ports
 
 
 def test_serve_starts_one_replica_per_core_share_and_reports_the_start_time(fleet):

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from vllm_cpu import free_ports
 
 from terminus_env.serving import ReplicaClient
-from terminus_env.serving.serve_process import ServeProcess
+from terminus_env.serving.serve_process import ServeProcess, free_ports
 
 MODEL_NAME = "tiny"
 START_TIMEOUT_S = 600.0
