@@ -5,12 +5,14 @@
 - decode tokens/s per replica: 8 requests of 256 tokens at once on one replica, then on both together;
 - prefix-cache hit rate of one multi-turn workload placed by the pool (sticky sessions) and by round robin over
   requests, from the replicas' own ``vllm:prefix_cache_*`` counters;
-- weight-sync time: ``ServingPool.sync_weights`` reloading the model from disk into both replicas.
+- weight-sync time: ``ServingPool.sync_weights`` reloading the model from disk into both replicas, and, with
+  ``--sync-scaling``, into one replica of a 124M-parameter model of the same family (what the time per billion
+  parameters comes from: the tiny model's load is all fixed cost).
 
 The baseline is the previous run's JSON (``--baseline``): each number is printed beside it. Needs .venv-vllm
 (``make test-vllm`` installs it)::
 
-    .venv-vllm/bin/python bench/vllm_cpu.py --json vllm-cpu.json [--baseline old.json] [--compiled]
+    .venv-vllm/bin/python bench/vllm_cpu.py --json vllm-cpu.json [--baseline old.json] [--compiled] [--sync-scaling]
 """
 
 from __future__ import annotations
@@ -115,9 +117,14 @@ async def weight_sync(urls: list[str], checkpoint: Path, rounds: int = 3) -> lis
     return out
 
 
-def serve(model_dir: Path, log_dir: Path, compiled: bool) -> ServeProcess:
+# A model of the tiny one's family big enough that loading it costs more than the calls around it: 124M parameters.
+MEDIUM = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8, "num_attention_heads": 16,
+          "num_key_value_heads": 4}  # fmt: skip
+
+
+def serve(model_dir: Path, log_dir: Path, compiled: bool, dp: int = 2) -> ServeProcess:
     eager = [] if compiled else ["--enforce-eager"]
-    args = ["--model", str(model_dir), "--dp", "2", "--port", str(free_ports(2)), "--host", "127.0.0.1",
+    args = ["--model", str(model_dir), "--dp", str(dp), "--port", str(free_ports(dp)), "--host", "127.0.0.1",
             "--device", "cpu", "--weight-sync", "--", *ENGINE_ARGS, *eager]  # fmt: skip
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
     return ServeProcess(args, log_dir, env).start()
@@ -150,16 +157,45 @@ def measure(work: Path, compiled: bool) -> dict:
     }
 
 
+def sync_scaling(work: Path) -> dict:
+    """Save (as a trainer does) and load into one replica a 124M-parameter model, three times."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from terminus_env.serving.tiny_model import TinyModelConfig, save_tiny_model
+
+    model_dir = save_tiny_model(work / "medium", config=TinyModelConfig(**MEDIUM))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    served = serve(model_dir, work / "logs-medium", compiled=False, dp=1)
+    rounds = []
+    try:
+        for step in range(3):
+            started = time.perf_counter()
+            model.save_pretrained(work / f"medium-step-{step}")
+            save_s = time.perf_counter() - started
+            (sync,) = asyncio.run(weight_sync(served.urls, work / f"medium-step-{step}", rounds=1))
+            rounds.append({"save_s": save_s, **sync})
+    finally:
+        served.stop()
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "checkpoint_bytes": (work / "medium-step-0" / "model.safetensors").stat().st_size,
+        "rounds": rounds,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the numbers here")
     parser.add_argument("--baseline", type=Path, help="an earlier run's JSON to print beside this one")
     parser.add_argument("--compiled", action="store_true", help="also start the replicas with torch.compile")
+    parser.add_argument("--sync-scaling", action="store_true", help="also time syncs of a 124M-parameter model")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vllm-cpu-") as tmp:
         runs = [measure(Path(tmp), compiled=False)]
         if args.compiled:
             runs.append(measure(Path(tmp), compiled=True))
+        scaling = sync_scaling(Path(tmp)) if args.sync_scaling else None
     baseline = json.loads(args.baseline.read_text()) if args.baseline else None
     for i, run in enumerate(runs):
         before = baseline["runs"][i] if baseline and i < len(baseline["runs"]) else {}
@@ -168,8 +204,13 @@ def main(argv: list[str] | None = None) -> int:
             if key not in ("torch_compile", "load_average_1m"):
                 print(f"  {key:45} {json.dumps(value)}" + (f"   (baseline {json.dumps(before[key])})"
                                                             if key in before else ""))  # fmt: skip
+    if scaling is not None:
+        loads = [r["load_s"] for r in scaling["rounds"]]
+        per_billion = min(loads) * 1e9 / scaling["parameters"]
+        print(f"== sync of {scaling['parameters'] / 1e6:.0f}M parameters ({scaling['checkpoint_bytes'] / 1e6:.0f} MB): "
+              f"{json.dumps(scaling['rounds'])}; load {per_billion:.1f} s per billion float32 parameters")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs}, indent=1))
+        args.json.write_text(json.dumps({"runs": runs, "sync_scaling": scaling}, indent=1))
     return 0
 
 
