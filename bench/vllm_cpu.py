@@ -126,7 +126,7 @@ def serve(model_dir: Path, log_dir: Path, compiled: bool, dp: int = 2) -> ServeP
     eager = [] if compiled else ["--enforce-eager"]
     args = ["--model", str(model_dir), "--dp", str(dp), "--port", str(free_ports(dp)), "--host", "127.0.0.1",
             "--device", "cpu", "--weight-sync", "--", *ENGINE_ARGS, *eager]  # fmt: skip
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     return ServeProcess(args, log_dir, env).start()
 
 

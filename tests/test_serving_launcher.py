@@ -192,6 +192,7 @@ def test_cpu_replicas_need_a_core_each_and_no_tensor_parallelism():
         return plan(build_parser().parse_args(["--model", "m", *args]), [], "py", None, gpu_present=False, cores=cores)
 
     assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in replicas("--dp", "2", cores=range(8))] == ["0-3", "4-7"]
+    assert replicas("--cpu-kv-cache-gib", "3")[0].env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert [r.cpus for r in replicas("--dp", "3", cores=(0, 1, 2, 3))] == [(0,), (1,), (2,)]
     with pytest.raises(LaunchError, match="needs a core per replica"):
         replicas("--dp", "3")

@@ -41,6 +41,7 @@ ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 # Variables set for the replicas (never read here): vLLM's CPU core binding, and its development endpoints.
 CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+CPU_KV_CACHE_VAR = "VLLM_CPU_KVCACHE_SPACE"
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 _GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's drivers
 _OWNED_FLAGS = (
@@ -116,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         "pinned to its own share of the cores)",
     )
     parser.add_argument(
+        "--cpu-kv-cache-gib",
+        type=int,
+        default=1,
+        help=f"KV cache per CPU replica, in GiB ({CPU_KV_CACHE_VAR}); without one, vLLM asks each replica for 92%% "
+        "of the machine's memory and refuses to start when less is free",
+    )
+    parser.add_argument(
         "--weight-sync",
         action="store_true",
         help=f"open vLLM's development endpoints ({DEV_MODE_VAR}=1: pause, collective_rpc, prefix-cache reset) "
@@ -144,9 +152,9 @@ def plan(
     ``gpu_present`` says whether a GPU driver is loaded (``--device auto`` then means the GPUs), and
     ``cores`` are the CPU cores this process may use, shared out among CPU replicas.
     """
-    for name in ("dp", "tp", "port"):
+    for name in ("dp", "tp", "port", "cpu_kv_cache_gib"):
         if getattr(args, name) < 1:
-            raise LaunchError(f"--{name} must be at least 1, got {getattr(args, name)}")
+            raise LaunchError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
     if owned:
         raise LaunchError(
@@ -169,7 +177,10 @@ def plan(
             argv += ["--max-num-seqs", str(max_num_seqs)]
         if args.logprobs_mode != ENGINE_DEFAULT:
             argv += ["--logprobs-mode", args.logprobs_mode]
-        env = {CPU_BIND_VAR: _id_list(cpus)} if on_cpu else {CUDA_VISIBLE_DEVICES: ",".join(gpus)}
+        if on_cpu:
+            env = {CPU_BIND_VAR: _id_list(cpus), CPU_KV_CACHE_VAR: str(args.cpu_kv_cache_gib)}
+        else:
+            env = {CUDA_VISIBLE_DEVICES: ",".join(gpus)}
         if args.weight_sync:
             env[DEV_MODE_VAR] = "1"
         replicas.append(Replica(i, port, gpus, tuple(argv + list(extra)), cpus, env))

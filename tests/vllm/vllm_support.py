@@ -39,5 +39,5 @@ def launch(model_dir: Path, log_dir: Path, *, dp: int, engine_args: tuple[str, .
     """``terminus-env serve --dp DP`` on the CPU with ``--weight-sync``; returns once every replica answers."""
     args = ["--model", str(model_dir), "--dp", str(dp), "--port", str(free_ports(dp)), "--host", "127.0.0.1",
             "--device", "cpu", "--weight-sync", "--", *ENGINE_ARGS, *engine_args]  # fmt: skip
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     return ServeProcess(args, log_dir, env, timeout_s=START_TIMEOUT_S).start()
