@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from terminus_env import tiny_model
 from terminus_env.protocol import prompts
 from terminus_env.rollout.policy import OracleReplies, oracle_reply
-from terminus_env.serving import tiny_model
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.server import ServerConfig, SimServer
 from terminus_env.serving.sim.tokenizer import TemplateTokenizer

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 from vllm_support import launch
 
-from terminus_env.serving.tiny_model import save_tiny_model
+from terminus_env.tiny_model import save_tiny_model
 
 if importlib.util.find_spec("vllm") is None:
     raise RuntimeError("vLLM is not installed in this environment: run these tests with `make test-vllm`")

@@ -1,6 +1,6 @@
 """Real vLLM replicas on the CPU for the tests: ``terminus-env serve`` as a process, stopped whatever a test did.
 
-Each replica serves the tiny random Qwen2 of :mod:`terminus_env.serving.tiny_model` in float32 and eager mode
+Each replica serves the tiny random Qwen2 of :mod:`terminus_env.tiny_model` in float32 and eager mode
 (vLLM's CPU compilation costs half a minute per start and nothing a tiny model needs).
 """
 
