@@ -154,3 +154,27 @@ def test_a_turn_cut_at_max_tokens_ends_turn_truncated_and_the_batch_says_so(task
     assert [t.finish_reason for t in trajectory.turns] == ["stop", "length"]
     assert trajectory.summary.end_reason == "turn_truncated" and trajectory.reward == 0.0
     assert out["end_reason"] == ["turn_truncated"] and out["finish_reason"] == ["length"]
+
+
+def test_ids_outside_the_trainers_vocabulary_are_refused_with_the_cause(task, tokenizer):
+    """The simulated server's toy tokenizer (ids up to about 151,000) against a 1,024-token model: a clear error
+    naming the tokenizer mismatch and --tokenizer, not an IndexError in embed_tokens."""
+    from terminus_env.rollout.policy import OracleReplies
+    from terminus_env.serving.sim.server import ServerConfig, SimServer
+    from terminus_env.training import TrainingDataError
+
+    class Trainer:
+        class state:
+            global_step = 0
+
+        processing_class = tokenizer
+        model = tiny_model(tokenizer)
+
+    server = SimServer(ServerConfig(model="sim", time_scale=0.0), OracleReplies([task]))  # the toy tokenizer
+    shared_loop().run(server.start())
+    try:
+        with make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048) as rollouts:
+            with pytest.raises(TrainingDataError, match=r"outside the model.s vocabulary of \d+.*--tokenizer"):
+                rollouts([task.instruction], Trainer())
+    finally:
+        shared_loop().run(server.aclose())
