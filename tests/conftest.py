@@ -9,7 +9,7 @@ import pytest
 from terminus_env.config import REQUIRE_DOCKER, env_flag
 
 ADAPTER_TESTS = Path(__file__).parent / "adapters"
-VLLM_TESTS = Path(__file__).parent / "vllm"
+VLLM_TESTS = Path(__file__).parent / "real_vllm"
 COMPAT_TASKS = Path(__file__).parent / "compat"
 """The compatibility suite's tasks: their own tests are written for the task's container, where test_compat.py
 runs them."""
@@ -24,7 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--vllm",
         action="store_true",
-        help="collect tests/vllm: real vLLM replicas on the CPU (needs .venv-vllm; a missing vLLM fails, never skips)",
+        help="collect tests/real_vllm: real vLLM replicas on the CPU (in .venv-vllm; a missing vLLM fails, never skips)",
     )
 
 

@@ -1,6 +1,6 @@
 """`terminus-env serve` with a stub Python (`--python`) that starts the simulated server: real processes, real HTTP.
 
-tests/vllm/ runs the same launcher with real vLLM replicas on the CPU."""
+tests/real_vllm/ runs the same launcher with real vLLM replicas on the CPU."""
 
 from __future__ import annotations
 

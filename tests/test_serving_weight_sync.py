@@ -1,5 +1,5 @@
 """ServingPool.sync_weights over simulated replicas that serve vLLM's weight-update endpoints: what it holds, what it
-drains, what it resets, and a replica that was down. tests/vllm/test_weight_sync.py does it with real vLLM replicas."""
+drains, what it resets, and a replica that was down. tests/real_vllm/test_weight_sync.py does it with real vLLM."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ class CheckpointReload:
     A model whose output layer is tied to its embeddings (``tie_word_embeddings``, as in the small
     Qwen2.5 and Qwen3 models) is refused: vLLM 0.32 reloads the embeddings in place but leaves the tied
     output layer with the old weights, so the replicas would serve a model that exists nowhere
-    (``tests/vllm/test_weight_sync.py`` shows it).
+    (``tests/real_vllm/test_weight_sync.py`` shows it).
     """
 
     path: str

