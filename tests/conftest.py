@@ -24,7 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--vllm",
         action="store_true",
-        help="collect tests/real_vllm: real vLLM replicas on the CPU (in .venv-vllm; a missing vLLM fails, never skips)",
+        help="collect tests/real_vllm: real vLLM replicas on the CPU (.venv-vllm; a missing vLLM fails, never skips)",
     )
 
 
