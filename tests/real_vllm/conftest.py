@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from vllm_support import launch
 
 from terminus_env.tiny_model import save_tiny_model
 
@@ -43,6 +42,8 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="session")
 def fleet(model_dir, tmp_path_factory):
     """Two replicas on the CPU, one core each, started once for the session."""
+    from vllm_support import launch  # after the check above: it imports torch
+
     fleet = launch(model_dir, tmp_path_factory.mktemp("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
     print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
     yield fleet
