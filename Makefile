@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image browser demo check lint test unit test-adapters docs install-check fresh-check bench bench-http clean
+.PHONY: all venv docker base-image browser demo check lint test unit test-adapters test-vllm docs install-check fresh-check bench bench-http clean
 
 all: demo
 
@@ -70,6 +70,11 @@ test: lint check unit
 test-adapters: base-image
 	bash scripts/test-adapters.sh
 
+# Real vLLM replicas on the CPU (.venv-vllm: vLLM's CPU build and TRL, about 4 GB): the launcher, the pool, weight
+# sync, the simulator against the engine, token-exact rows and the GRPO example's two steps. CI runs it.
+test-vllm: base-image
+	bash scripts/test-vllm.sh
+
 bench: base-image
 	$(PY) bench/parser.py
 	$(PY) bench/sandbox.py
@@ -82,4 +87,4 @@ bench-http: venv
 
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist test-artifacts
+	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist .venv-vllm .vllm-tmp test-artifacts

@@ -142,8 +142,9 @@ class MergedSequence:
     realigned_tokens: int  # tokens of the sequence so far that a realignment replaced
     segment: int = 0  # > 0 for the parts after a split
     last_segment: bool = True
-    stop_reason: str = ""
+    stop_reason: str = ""  # the engine's finish_reason of the last turn
     policy_versions: tuple[Any, ...] = ()
+    end_reason: str | None = None  # how the episode ended (EndReason's value); None when it never ran
 
 
 def step_rows(trajectories: Sequence[Trajectory], masking: MaskingPolicy = DEFAULT_MASKING) -> list[StepRow]:
@@ -219,6 +220,30 @@ def merge_trajectory(trajectory: Trajectory, drift: DriftPolicy, mask: str | Non
         builder.completion(turn)
     segments.append(builder.finish(last=True))
     return segments
+
+
+def check_vocabulary(sequences: Iterable[MergedSequence], vocab_size: int) -> None:
+    """Refuse token ids the trainer's model has no embedding for, before they crash it (``IndexError``)."""
+    for s in sequences:
+        top = max([*s.prompt_ids, *s.response_ids], default=-1)
+        if top >= vocab_size:
+            raise TrainingDataError(
+                f"rollout {s.rollout_id}: token id {top} is outside the model's vocabulary of {vocab_size}: the "
+                "server's tokenizer is not the trainer's. Serve the trainer's model (or, with the simulated "
+                "server, pass --tokenizer PATH with the trainer's tokenizer)"
+            )
+
+
+def untrained_token_share(trajectories: Sequence[Trajectory], sequences: Sequence[MergedSequence]) -> float:
+    """The share of the tokens the model generated in unmasked rollouts that no sequence trains on.
+
+    Under ``DriftPolicy.REALIGN`` a drifted turn's earlier completions become context (mask 0): this
+    is how much learning that costs, which ``realigned_tokens`` (context tokens included) does not say.
+    """
+    kept = {s.rollout_id for s in sequences if not s.masked}
+    generated = sum(len(turn.token_ids or []) for t in trajectories if t.rollout_id in kept for turn in t.turns)
+    trained = sum(sum(s.response_mask) for s in sequences if not s.masked)
+    return (generated - trained) / generated if generated else 0.0
 
 
 def drift_counts(sequences: Iterable[MergedSequence]) -> DriftCounts:
@@ -368,4 +393,5 @@ class _Builder:
             last_segment=last,
             stop_reason=self.stop_reason,
             policy_versions=tuple(self.versions),
+            end_reason=str(t.summary.end_reason) if t.summary is not None else None,
         )

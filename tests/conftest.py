@@ -10,6 +10,7 @@ from task_support import TINY_TOML
 from terminus_env.config import REQUIRE_DOCKER, env_flag
 
 ADAPTER_TESTS = Path(__file__).parent / "adapters"
+VLLM_TESTS = Path(__file__).parent / "real_vllm"
 COMPAT_TASKS = Path(__file__).parent / "compat"
 """The compatibility suite's tasks: their own tests are written for the task's container, where test_compat.py
 runs them."""
@@ -21,14 +22,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="collect tests/adapters (each needs its RL library installed: a missing one fails, never skips)",
     )
+    parser.addoption(
+        "--vllm",
+        action="store_true",
+        help="collect tests/real_vllm: real vLLM replicas on the CPU (.venv-vllm; a missing vLLM fails, never skips)",
+    )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The adapter tests run in each library's own environment (``make test-adapters``), not in the default run;
+    """The adapter tests run in each library's own environment (``make test-adapters``), and the real-vLLM tests in
+    ``.venv-vllm`` (``make test-vllm``), not in the default run;
     the compatibility tasks' tests never run here."""
     if collection_path == COMPAT_TASKS:
         return True
     if collection_path == ADAPTER_TESTS and not config.getoption("--adapters"):
+        return True
+    if collection_path == VLLM_TESTS and not config.getoption("--vllm"):
         return True
     return None
 

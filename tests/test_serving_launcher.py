@@ -1,4 +1,6 @@
-"""`terminus-env serve` with a stub `vllm` on PATH that starts the simulated server: real processes, real HTTP."""
+"""`terminus-env serve` with a stub Python (`--python`) that starts the simulated server: real processes, real HTTP.
+
+tests/real_vllm/ runs the same launcher with real vLLM replicas on the CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,61 +18,44 @@ import httpx
 import pytest
 from serving_support import pid_alive, terminate
 
-from terminus_env.serving.launcher import build_parser, main, plan
+from terminus_env.serving.launcher import LaunchError, build_parser, main, plan
+from terminus_env.serving.serve_process import free_ports
 
 STUB = """#!{python}
-# A stand-in for `vllm serve MODEL --port P ...`: records how it was called, then becomes the sim server.
+# A stand-in for `python -m vllm.entrypoints.openai.api_server --model MODEL --port P ...`: answers the
+# launcher's probe for vLLM, records how it was called, then becomes the sim server.
 import json, os, sys
 args = sys.argv[1:]
+if args[0] == "-c":
+    sys.exit(0)
 port = args[args.index("--port") + 1]
-record = {{"pid": os.getpid(), "argv": args, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+record = {{"pid": os.getpid(), "argv": args, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+          "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "dev": os.environ.get("VLLM_SERVER_DEV_MODE")}}
 with open(os.path.join({records!r}, port + ".json"), "w") as f:
     json.dump(record, f)
 os.execv(sys.executable, [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", port,
-                          "--model", args[1], "--time-scale", "0"])
+                          "--model", args[args.index("--model") + 1], "--time-scale", "0"])
 """
 
 
 @pytest.fixture
-def stub_path(tmp_path):
-    """A PATH whose `vllm` is the stub; yields (env, records dir) and kills anything the stub started."""
+def stub_python(tmp_path):
+    """A Python stand-in for `--python`; yields (env, records dir, its path) and kills anything it started."""
     records = tmp_path / "records"
     records.mkdir()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub = bin_dir / "vllm"
+    stub = tmp_path / "python-with-vllm"
     stub.write_text(STUB.format(python=sys.executable, records=str(records)))
     stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
-    yield env, records
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    yield env, records, str(stub)
     for record in records.glob("*.json"):
         terminate(json.loads(record.read_text())["pid"])
 
 
-def _free_ports(n: int) -> int:
-    """A base port with n free ports after it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @contextlib.contextmanager
-def _launched(env, *args: str) -> Iterator[subprocess.Popen]:
-    """`terminus-env serve ARGS` as a process, killed on the way out whatever the test did."""
-    cmd = [sys.executable, "-m", "terminus_env.cli", "serve", *args]
+def _launched(env, python: str, *args: str) -> Iterator[subprocess.Popen]:
+    """`terminus-env serve --python PYTHON ARGS` as a process, killed on the way out whatever the test did."""
+    cmd = [sys.executable, "-m", "terminus_env.cli", "serve", "--python", python, *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield proc
@@ -108,26 +92,12 @@ def _wait_dead(pids: list[int], timeout_s: float = 10) -> bool:
     return False
 
 
-def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
-    env, records = stub_path
+def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_python):
+    env, records, python = stub_python
     env["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"
-    port = _free_ports(2)
-    with _launched(
-        env,
-        "--model",
-        "tiny",
-        "--dp",
-        "2",
-        "--tp",
-        "2",
-        "--port",
-        str(port),
-        "--planned-concurrency",
-        "600",
-        "--",
-        "--gpu-memory-utilization",
-        "0.9",
-    ) as proc:
+    port = free_ports(2)
+    args = ["--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port), "--device", "gpu"]
+    with _launched(env, python, *args, "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9") as proc:
         lines = _read_until_ready(proc)
         assert f"  http://127.0.0.1:{port}  (GPUs 4,5)" in lines
         assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7)" in lines
@@ -139,9 +109,10 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
             ).json()
             assert reply["usage"]["completion_tokens"] == 2
         seen = _records(records)
-        assert [r["cuda"] for r in seen] == ["4,5", "6,7"]
+        assert [r["cuda"] for r in seen] == ["4,5", "6,7"] and [r["dev"] for r in seen] == [None, None]
         argv = seen[0]["argv"]
-        assert argv[:2] == ["serve", "tiny"] and "--enable-prefix-caching" in argv
+        assert argv[:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "tiny"]
+        assert "--enable-prefix-caching" in argv
         assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         assert argv[argv.index("--max-num-seqs") + 1] == "300"  # ceil(600/2) > vLLM's default of 256
         assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"  # after temperature, for IS
@@ -151,11 +122,32 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_path):
         assert _wait_dead([r["pid"] for r in seen])
 
 
-def test_when_one_replica_dies_the_others_are_stopped(stub_path, tmp_path):
-    env, records = stub_path
-    port = _free_ports(3)
+def test_on_the_cpu_each_replica_is_pinned_to_its_own_cores(stub_python):
+    env, records, python = stub_python
+    port = free_ports(2)
+    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(port), "--device", "cpu",
+                   "--weight-sync") as proc:  # fmt: skip
+        lines = _read_until_ready(proc)
+        seen = _records(records)
+        bound = [r["bind"] for r in seen]
+        cores = sorted(os.sched_getaffinity(0))
+        share = len(cores) // 2
+        halves = [cores[:share], cores[share : 2 * share]]
+        assert bound == [str(h[0]) if len(h) == 1 else f"{h[0]}-{h[-1]}" for h in halves]
+        assert f"  http://127.0.0.1:{port}  (CPU cores {bound[0]})" in lines
+        assert [r["dev"] for r in seen] == ["1", "1"]  # --weight-sync opens vLLM's development endpoints
+        assert "--tensor-parallel-size" not in seen[0]["argv"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert _wait_dead([r["pid"] for r in seen])
+
+
+def test_when_one_replica_dies_the_others_are_stopped(stub_python, tmp_path):
+    env, records, python = stub_python
+    port = free_ports(3)
     logs = tmp_path / "logs"
-    with _launched(env, "--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs)) as proc:
+    args = ["--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs), "--device", "gpu"]
+    with _launched(env, python, *args) as proc:
         _read_until_ready(proc)
         assert f"on http://127.0.0.1:{port + 2}" in (logs / "replica-2.log").read_text()
         seen = _records(records)
@@ -166,9 +158,9 @@ def test_when_one_replica_dies_the_others_are_stopped(stub_path, tmp_path):
         assert _wait_dead([r["pid"] for r in seen])
 
 
-def test_launcher_killed_outright_leaves_no_replica(stub_path):
-    env, records = stub_path
-    with _launched(env, "--model", "tiny", "--dp", "2", "--port", str(_free_ports(2))) as proc:
+def test_launcher_killed_outright_leaves_no_replica(stub_python):
+    env, records, python = stub_python
+    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(free_ports(2))) as proc:
         _read_until_ready(proc)
         pids = [r["pid"] for r in _records(records)]
         proc.kill()  # SIGKILL: no cleanup code runs; the replicas' parent-death signal does it
@@ -176,36 +168,48 @@ def test_launcher_killed_outright_leaves_no_replica(stub_path):
         assert _wait_dead(pids)
 
 
-def test_max_num_seqs_below_the_planned_share_is_refused(stub_path, capsys, monkeypatch):
-    env, _ = stub_path
-    monkeypatch.setenv("PATH", env["PATH"])
-    assert main(["--model", "m", "--dp", "4", "--max-num-seqs", "64", "--planned-concurrency", "300"]) == 2
+def test_max_num_seqs_below_the_planned_share_is_refused(stub_python, capsys):
+    python = stub_python[2]
+    argv = ["--python", python, "--model", "m", "--dp", "4", "--max-num-seqs", "64", "--planned-concurrency", "300"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "ceil(300/4) = 75" in err and "second bottleneck" in err
 
 
-def test_flags_serve_owns_are_refused_after_the_separator(stub_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
-    assert main(["--model", "m", "--", "--port", "9000"]) == 2
+def test_flags_serve_owns_are_refused_after_the_separator(stub_python, capsys):
+    assert main(["--python", stub_python[2], "--model", "m", "--", "--port", "9000"]) == 2
     assert "--port after `--` conflicts" in capsys.readouterr().err
 
 
-def test_too_few_visible_gpus_is_refused(stub_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
+def test_too_few_visible_gpus_is_refused(stub_python, capsys, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert main(["--model", "m", "--dp", "2", "--tp", "2"]) == 2
+    assert main(["--python", stub_python[2], "--model", "m", "--dp", "2", "--tp", "2", "--device", "gpu"]) == 2
     assert "needs 4 GPUs" in capsys.readouterr().err
 
 
-def test_without_vllm_the_message_names_the_extra(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert main(["--model", "m"]) == 2
+def test_cpu_replicas_need_a_core_each_and_no_tensor_parallelism():
+    def replicas(*args: str, cores=(0, 1)):
+        return plan(build_parser().parse_args(["--model", "m", *args]), [], "py", None, gpu_present=False, cores=cores)
+
+    assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in replicas("--dp", "2", cores=range(8))] == ["0-3", "4-7"]
+    assert replicas("--cpu-kv-cache-gib", "3")[0].env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert [r.cpus for r in replicas("--dp", "3", cores=(0, 1, 2, 3))] == [(0,), (1,), (2,)]
+    with pytest.raises(LaunchError, match="needs a core per replica"):
+        replicas("--dp", "3")
+    with pytest.raises(LaunchError, match="--tp 2 needs GPUs"):
+        replicas("--tp", "2")
+    on_gpus = plan(build_parser().parse_args(["--model", "m", "--dp", "2"]), [], "py", None, gpu_present=True)
+    assert [r.gpus for r in on_gpus] == [("0",), ("1",)] and on_gpus[0].env == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_without_vllm_the_message_names_the_extra(capsys):
+    assert main(["--python", "/bin/false", "--model", "m"]) == 2
     assert "pip install 'terminus-env[vllm]'" in capsys.readouterr().err
 
 
 def test_logprobs_mode_is_processed_unless_told_otherwise():
     def argv(*args: str) -> tuple[str, ...]:
-        return plan(build_parser().parse_args(["--model", "m", *args]), [], "vllm", "0")[0].argv
+        return plan(build_parser().parse_args(["--model", "m", *args]), [], "python", "0")[0].argv
 
     default = argv()
     assert default[default.index("--logprobs-mode") + 1] == "processed_logprobs"
@@ -214,7 +218,6 @@ def test_logprobs_mode_is_processed_unless_told_otherwise():
     assert "--logprobs-mode" not in argv("--logprobs-mode", "engine-default")
 
 
-def test_logprobs_mode_after_the_separator_is_refused(stub_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", stub_path[0]["PATH"])
-    assert main(["--model", "m", "--", "--logprobs-mode", "raw_logprobs"]) == 2
+def test_logprobs_mode_after_the_separator_is_refused(stub_python, capsys):
+    assert main(["--python", stub_python[2], "--model", "m", "--", "--logprobs-mode", "raw_logprobs"]) == 2
     assert "--logprobs-mode after `--` conflicts" in capsys.readouterr().err

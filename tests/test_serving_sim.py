@@ -63,27 +63,32 @@ def test_max_tokens_cuts_with_finish_reason_length():
     assert DEFAULT_REPLY.startswith(c.text) and c.text
 
 
-def test_context_length_errors_match_vllm():
+def test_context_length_rules_match_vllm():
+    """vLLM 0.32: a prompt that fills the context is refused; a max_tokens above max_model_len is refused; a
+    max_tokens that only overflows with the prompt is cut to the room left, and the reply ends with length."""
     config = ServerConfig(model="m", time_scale=0.0, engine=SimConfig(num_gpu_blocks=64, max_model_len=100))
 
     async def main():
         async with SimServer(config) as server, ReplicaClient(server.url) as client:
-            errors = []
-            for content, max_tokens in (("word " * 200, 10), ("word " * 50, 60)):
-                with pytest.raises(ContextLengthExceeded) as info:
-                    await client.chat("m", [{"role": "user", "content": content}], max_tokens=max_tokens)
-                errors.append(str(info.value))
+            with pytest.raises(ContextLengthExceeded) as too_long:
+                await client.chat("m", [{"role": "user", "content": "word " * 200}], max_tokens=10)
+            with pytest.raises(ServingError) as too_many:
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=101)
+            cut = await client.chat("m", [{"role": "user", "content": "word " * 50}], max_tokens=60, ignore_eos=True)
             raw = await client._http.post(
                 "/v1/chat/completions",
                 json={"model": "m", "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 1},
             )
-            return errors, raw
+            return str(too_long.value), too_many.value, cut, raw
 
-    (too_long, too_many), raw = run(main())
-    assert too_long.startswith("This model's maximum context length is 100 tokens. However, your request has 205")
-    assert too_many.startswith("'max_tokens' or 'max_completion_tokens' is too large: 60.")
+    too_long, too_many, cut, raw = run(main())
+    assert too_long.startswith("This model's maximum context length is 100 tokens. However, your prompt contains at")
+    assert not isinstance(too_many, ContextLengthExceeded)
+    assert "max_tokens=101 cannot be greater than max_model_len=100" in str(too_many)
+    assert cut.finish_reason == "length" and cut.prompt_tokens + cut.completion_tokens == 100
     assert raw.status_code == 400
-    assert raw.json()["error"]["type"] == "BadRequestError" and raw.json()["error"]["code"] == 400
+    error = raw.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == "input_tokens"
 
 
 def test_bad_requests_are_clear_errors():

@@ -21,12 +21,14 @@ from terminus_env.training import (
     TimeLimitEnds,
     TokenDriftError,
     TrainingDataError,
+    check_vocabulary,
     drift_counts,
     group_indices,
     mask_reasons,
     merge_trajectory,
     merged_sequences,
     step_rows,
+    untrained_token_share,
 )
 
 
@@ -185,6 +187,21 @@ def test_a_non_canonical_sampled_tokenization_is_drift_under_every_policy():
     diverge = next(i for i, (a, b) in enumerate(zip(odd, tok.encode(REPLIES[0]), strict=False)) if a != b)
     assert trained == odd[:diverge] + second.token_ids
     assert drift_counts([realigned]).drifted_turns == 1
+    # What REALIGN stopped training, as the trainer's log shows it: the first completion past the divergence.
+    generated = len(first.token_ids) + len(second.token_ids)
+    assert untrained_token_share([trajectory], [realigned]) == (len(first.token_ids) - diverge) / generated > 0
+    assert untrained_token_share([trajectory], split) == 0.0  # SPLIT trains every completion
+
+
+def test_sequences_carry_the_envs_end_reason_and_ids_outside_the_vocabulary_are_refused():
+    tok = ChatML()
+    trajectory = served(tok, REPLIES, OBSERVATIONS, end=summary(0.0, "format_error"))
+    (sequence,) = merge_trajectory(trajectory, DriftPolicy.RAISE)
+    assert sequence.end_reason == "format_error" and sequence.stop_reason == "stop"
+    top = max(sequence.prompt_ids + sequence.response_ids)
+    check_vocabulary([sequence], top + 1)
+    with pytest.raises(TrainingDataError, match=f"token id {top} is outside the model's vocabulary of {top}"):
+        check_vocabulary([sequence], top)
 
 
 def test_a_template_that_rewrites_history_drifts_and_realigns_inside_the_response():

@@ -15,6 +15,12 @@ advantage 0 and leaves it out of its group's baseline. ``trl vllm-serve`` runs v
 (already with ``--logprobs-mode processed_logprobs``), so ``base_urls`` may point at it, as at
 ``terminus-env serve`` replicas.
 
+TRL syncs weights only into its own ``trl vllm-serve``. With other replicas, add
+:class:`WeightSyncCallback`: after every optimizer step it saves the model and loads it into every
+replica (:meth:`terminus_env.serving.ServingPool.sync_weights`; start them with ``terminus-env serve
+--weight-sync``), so the next rollouts sample from the weights being trained. The trainer's log then
+holds ``time/rollout_s`` and ``time/weight_sync_s`` beside the env's metrics.
+
     pip install 'terminus-env[trl]'
 """
 
@@ -22,9 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
+import time
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from transformers import TrainerCallback
 
 from terminus_env.bridge import shared_loop
 from terminus_env.integrations.task_lookup import TaskLookup, prompt_text
@@ -33,14 +44,17 @@ from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.sandbox import SandboxPool
+from terminus_env.serving.weight_sync import CheckpointReload, WeightSync
 from terminus_env.tasks import Task
 from terminus_env.training import (
     DEFAULT_MASKING,
     DriftPolicy,
     MaskingPolicy,
     MergedSequence,
+    check_vocabulary,
     drift_counts,
     merged_sequences,
+    untrained_token_share,
 )
 
 REWARD_FIELD = "env_reward"
@@ -84,15 +98,31 @@ class TerminusRollouts:
         self._serving: Any = None
         self._sandboxes: SandboxPool | None = None
         self.last_trajectories: list[Trajectory] = []
+        self.last_rollout_s = 0.0
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         version = getattr(getattr(trainer, "state", None), "global_step", None)
+        started = time.perf_counter()
         trajectories = shared_loop().run(self._rollouts(prompts, version))
+        self.last_rollout_s = time.perf_counter() - started
         self.last_trajectories = trajectories
         sequences = merged_sequences(trajectories, self._drift, self._masking)
+        vocab_size = _vocab_size(trainer)
+        if vocab_size is not None:
+            check_vocabulary(sequences, vocab_size)
         batch = trl_batch(sequences, _end_token(trainer))
-        _log(trainer, trajectories, sequences)
+        _log(trainer, trajectories, sequences, {"time/rollout_s": self.last_rollout_s})
         return batch
+
+    def sync_weights(self, checkpoint: str | Path, version: Any) -> WeightSync:
+        """Load the model saved at ``checkpoint`` into every replica; later turns record ``version``."""
+        if self._policy is not None and self._serving is None:
+            raise ValueError("sync_weights needs the serving pool: build the rollouts with base_urls and model")
+        return shared_loop().run(self._sync(CheckpointReload(str(checkpoint)), version))
+
+    async def _sync(self, source: CheckpointReload, version: Any) -> WeightSync:
+        await self._ensure_policy()
+        return await self._serving.sync_weights(source, version)
 
     def close(self) -> None:
         """Close the serving and sandbox pools (on the loop they live on)."""
@@ -139,6 +169,36 @@ class TerminusRollouts:
             self._sandboxes = None
 
 
+class WeightSyncCallback(TrainerCallback):
+    """After each optimizer step: save the model to ``checkpoint_dir/step-N`` and load it into every replica.
+
+    ``trainer.add_callback(WeightSyncCallback(trainer, rollouts, "checkpoints"))``. The replicas then
+    serve the weights of step N, and the next rollouts record ``policy_version`` N. Each sync's time,
+    the save included, is logged as ``time/weight_sync_s`` and kept in ``syncs``. Only the newest
+    ``keep`` step folders stay on disk (the replicas read the last one).
+    """
+
+    def __init__(self, trainer: Any, rollouts: TerminusRollouts, checkpoint_dir: str | Path, keep: int = 1) -> None:
+        self._trainer = trainer
+        self._rollouts = rollouts
+        self._dir = Path(checkpoint_dir)
+        self._keep = keep
+        self.syncs: list[tuple[int, float, WeightSync]] = []  # (step, seconds with the save, the pool's report)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
+        path = self._dir / f"step-{state.global_step}"
+        self._trainer.model.save_pretrained(path)
+        report = self._rollouts.sync_weights(path, state.global_step)
+        seconds = time.perf_counter() - started
+        self.syncs.append((state.global_step, seconds, report))
+        store = getattr(self._trainer, "_metrics", None)
+        if isinstance(store, Mapping) and "train" in store:  # logged with this step's metrics
+            store["train"]["time/weight_sync_s"].append(seconds)
+        for old in sorted(self._dir.glob("step-*"), key=lambda p: int(p.name[5:]))[: -self._keep]:
+            shutil.rmtree(old)
+
+
 def make_rollout_func(tasks: Sequence[Task], **kwargs: Any) -> TerminusRollouts:
     """A ``rollout_func`` for ``GRPOTrainer``; ``kwargs`` as :class:`TerminusRollouts`."""
     return TerminusRollouts(tasks, **kwargs)
@@ -163,7 +223,8 @@ def trl_batch(sequences: Sequence[MergedSequence], end_token: int) -> dict[str, 
         "logprobs": logprobs,
         "env_mask": env_mask,
         REWARD_FIELD: [None if s.masked else s.reward for s in sequences],
-        "end_reason": [s.mask_reason or s.stop_reason for s in sequences],
+        "end_reason": [s.end_reason or s.mask_reason for s in sequences],  # the env's (format_error, ...)
+        "finish_reason": [s.stop_reason for s in sequences],  # the engine's, of the last turn
         "task": [s.task for s in sequences],
         "drifted_turns": [s.drifted_turns for s in sequences],
     }
@@ -187,7 +248,13 @@ def _end_token(trainer: Any) -> int:
     return 0
 
 
-def _log(trainer: Any, trajectories: list[Trajectory], sequences: list[MergedSequence]) -> None:
+def _vocab_size(trainer: Any) -> int | None:
+    """The trainer's model's embedding rows (``config.vocab_size``), when it has a model."""
+    size = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def _log(trainer: Any, trajectories: list[Trajectory], sequences: list[MergedSequence], extra: dict) -> None:
     """Our batch metrics into TRL's logs (``env/...``), when the trainer exposes its metrics store."""
     store = getattr(trainer, "_metrics", None)
     if not isinstance(store, Mapping) or "train" not in store:
@@ -196,4 +263,8 @@ def _log(trainer: Any, trajectories: list[Trajectory], sequences: list[MergedSeq
     for name in ("mean_reward", "mean_format_errors", "mean_opening_streak", "rescued_rate", "mean_turns"):
         store["train"][f"env/{name}"].append(float(getattr(metrics, name)))
     store["train"]["env/drifted_turns"].append(float(metrics.drifted_turns))
+    # Under REALIGN a drifted turn's earlier completions stop training silently; this says how much.
+    store["train"]["env/untrained_token_share"].append(untrained_token_share(trajectories, sequences))
+    for name, value in extra.items():
+        store["train"][name].append(float(value))
     store["train"]["env/masked"].append(float(sum(s.masked for s in sequences)))

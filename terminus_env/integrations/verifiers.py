@@ -3,8 +3,11 @@
 verifiers drives the model (its harness talks to the policy through its interception server, which
 records the tokens for training); this env owns the terminal: each episode is a ``TerminusEnv``
 episode in our hardened sandbox, with strict or lenient format semantics, and every turn of the
-agent's interaction is one env step. The reward is the task's verifier's, recorded on the trace
-with the episode's metrics (format errors, opening streak, turns, rescued). An env error fails the
+agent's interaction is one env step, handed to the env with what the engine said about it (its
+``finish_reason`` and token counts, from verifiers' record of the model call), so that a reply cut at
+``max_tokens`` ends a strict episode ``turn_truncated`` as it does everywhere else. The reward is the
+task's verifier's, recorded on the trace with the episode's metrics (format errors, opening streak,
+turns, truncated turns, rescued). An env error fails the
 episode (an exception in ``run()`` is verifiers' retryable ``EnvError``).
 
 verifiers resolves tasksets and envs by id, importing a top-level module; ours is
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import verifiers.v1 as vf
 
-from terminus_env.env import TerminusEnv
+from terminus_env.env import Reply, TerminusEnv
 from terminus_env.tasks import find_task, load_tasks
 from terminus_env.tasks.loader import shipped_tasks_dir
 
@@ -69,7 +72,8 @@ class TerminusVfEnv(vf.Env[TerminusVfEnvConfig]):
                     segment = await interaction.turn(obs)
                     if segment.terminated:  # verifiers' own limit ended the exchange first
                         break
-                    obs, _, terminated, truncated, info = await env.astep(segment.last_reply)
+                    reply = engine_reply(segment, interaction.trace)
+                    obs, _, terminated, truncated, info = await env.astep(reply)
                     if terminated or truncated:
                         break
                 trace = interaction.trace
@@ -88,7 +92,27 @@ class TerminusVfEnv(vf.Env[TerminusVfEnvConfig]):
                     "terminus/opening_streak": summary.format_error_opening_streak,
                     "terminus/rescued": float(summary.rescued),
                     "terminus/graded": float(summary.graded),
+                    "terminus/truncated_turns": summary.truncated_turns,
                 }
             )
         finally:
             await env.aclose()
+
+
+def engine_reply(segment: vf.Segment, trace: vf.Trace) -> Reply:
+    """The segment's last reply as the engine returned it: its text, ``finish_reason`` and token counts.
+
+    verifiers records each model call (``trace.calls``) with the provider's finish reason and usage;
+    the last call that succeeded produced this reply. ``Segment.last_reply`` alone is stripped text.
+    """
+    text = next((m.content or "" for m in reversed(segment.messages) if isinstance(m, vf.AssistantMessage)), "")
+    call = next((c for c in reversed(trace.calls) if c.error is None), None)
+    if call is None:
+        return Reply(text=text)
+    usage = call.usage
+    return Reply(
+        text=text,
+        finish_reason=call.finish_reason or "stop",
+        completion_tokens=usage.completion_tokens if usage is not None else None,
+        prompt_tokens=usage.input_tokens if usage is not None else None,
+    )

@@ -49,8 +49,9 @@ class Policy(Protocol):
 class ServingPolicy:
     """Replies from a model behind a :class:`terminus_env.serving.ServingPool`.
 
-    ``policy_version`` names the weights the servers hold; a trainer sets it after each weight sync,
-    and every turn records the version current when its request was sent, with its sampling parameters.
+    Every turn records the version of the weights that produced it, with its sampling parameters: the
+    pool's (``ServingPool.sync_weights`` names it, and a request in flight during a sync keeps the old
+    one), unless a trainer that syncs weights its own way sets ``policy_version`` here.
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class ServingPolicy:
                 **self._sampling,
             )
         except ContextLengthExceeded:
+            version = self._pool.policy_version if version is None else version
             return PolicyOutput(
                 reply=Reply(text="", finish_reason="context_length"), sampling=sampling, policy_version=version
             )
@@ -98,7 +100,7 @@ class ServingPolicy:
             logprobs=completion.logprobs,
             replica=completion.replica,
             sampling=sampling,
-            policy_version=version,
+            policy_version=completion.policy_version if version is None else version,
         )
 
 

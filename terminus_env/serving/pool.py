@@ -6,14 +6,17 @@ admission controller, and survives replicas dying: a request that fails for want
 retried on another, the dead one is probed on ``/health`` and takes new sessions when it is back.
 A background task scrapes every replica's ``/metrics`` to keep the router and admission current.
 Every routing and admission decision goes through a :class:`Scheduler`, the same one the routing
-benchmark drives in virtual time.
+benchmark drives in virtual time. Between training steps, :meth:`ServingPool.sync_weights` pushes new
+weights to every replica; each completion carries the ``policy_version`` of the weights that served it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ from terminus_env.serving.metrics import EngineMetrics, combine
 from terminus_env.serving.policies import Policy
 from terminus_env.serving.router import NoReplicaAvailable, Router
 from terminus_env.serving.scheduler import Scheduler
+from terminus_env.serving.weight_sync import WeightSource, WeightSync
 
 __all__ = ["Completion", "ContextLengthExceeded", "ReplicaUnavailable", "ServingError", "ServingPool"]
 
@@ -94,6 +98,14 @@ class ServingPool:
         self._sessions: dict[str, _SessionState] = {}
         self._scraper: asyncio.Task | None = None
         self.failovers = 0  # requests retried on another replica
+        self.policy_version: Any = None  # the weights the replicas serve, as the last sync_weights named them
+        self._synced: tuple[WeightSource, str] | None = None  # the last sync, for replicas that were down
+        self._open = asyncio.Event()  # cleared while a weight sync holds new requests
+        self._open.set()
+        self._idle = asyncio.Event()  # set when no request of this pool is at a replica
+        self._idle.set()
+        self._requests = 0
+        self._sync_lock = asyncio.Lock()
 
     @property
     def router(self) -> Router:
@@ -181,9 +193,11 @@ class ServingPool:
         last_error: Exception | None = None
         while True:
             replica = await self._route(session_id, group_id, deadline, last_error)
+            await self._open.wait()  # a weight sync in progress holds the request until the new weights are in
+            version = self.policy_version
             self.scheduler.dispatched(replica, session_id, estimate)
             try:
-                completion = await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)
+                completion = await self._at_replica(replica, messages, max_tokens, sampling)
             except ReplicaUnavailable as exc:
                 self.scheduler.failed(replica, session_id, estimate)
                 self._mark_down(replica, exc)
@@ -197,7 +211,69 @@ class ServingPool:
         self.scheduler.completed(replica, session_id, completion.prompt_tokens, completion.completion_tokens)
         state.trace_tokens = completion.prompt_tokens + completion.completion_tokens
         state.messages_seen = len(messages)
-        return completion
+        return dataclasses.replace(completion, policy_version=version)
+
+    async def _at_replica(self, replica: str, messages: list[dict], max_tokens: int, sampling: dict) -> Completion:
+        """One request at a replica, counted so that a weight sync can wait for it to finish."""
+        self._requests += 1
+        self._idle.clear()
+        try:
+            return await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)
+        finally:
+            self._requests -= 1
+            if self._requests == 0:
+                self._idle.set()
+
+    # -- weight sync ---------------------------------------------------------------------------------
+
+    async def sync_weights(self, source: WeightSource, version: Any) -> WeightSync:
+        """Load new weights into every replica that is up; requests sent after it carry ``version``.
+
+        New requests wait while it runs; requests already at a replica finish on the old weights and
+        keep the old version (vLLM's ``/pause?mode=wait`` drains other clients' requests the same way).
+        Each replica is then loaded from ``source``, its prefix cache reset (no later request may reuse
+        KV computed with the old weights) and its weight version set, then resumed. A replica that is
+        down, or fails to load while others succeed, is marked down and loads these weights before it
+        takes sessions again. Raises :class:`ServingError`, changing nothing, when no replica took them.
+        """
+        loop = asyncio.get_running_loop()
+        async with self._sync_lock:
+            held_from = loop.time()
+            self._open.clear()
+            try:
+                await self._idle.wait()
+                up = [name for name in self._clients if name not in self._down]
+                results = await asyncio.gather(
+                    *(self._load(name, source, str(version)) for name in up), return_exceptions=True
+                )
+                loaded = [name for name, result in zip(up, results) if not isinstance(result, BaseException)]
+                if not loaded:  # nothing changed anywhere: say why, and leave the replicas as they were
+                    errors = "; ".join(f"{n}: {r}" for n, r in zip(up, results))
+                    raise ServingError(f"no replica took the weights of version {version} ({errors or 'none is up'})")
+                for name, result in zip(up, results):
+                    if isinstance(result, BaseException):  # it holds other weights than the rest now
+                        self._mark_down(name, result)
+                load_s = max(r for r in results if not isinstance(r, BaseException))
+                self.policy_version = version
+                self._synced = (source, str(version))
+            finally:
+                self._open.set()
+            skipped = tuple(name for name in self._clients if name not in loaded)
+            return WeightSync(str(version), tuple(loaded), skipped, loop.time() - held_from, load_s)
+
+    async def _load(self, name: str, source: WeightSource, version: str) -> float:
+        """Pause, load, reset the prefix cache, set the version, resume; the seconds loading took."""
+        client = self._clients[name]
+        await client.pause("wait")
+        try:
+            started = time.perf_counter()
+            await source.load(client)
+            load_s = time.perf_counter() - started
+            await client.reset_prefix_cache()
+            await client.set_weight_version(version)
+        finally:
+            await client.resume()
+        return load_s
 
     async def _route(self, session_id: str, group_id: str | None, deadline: float, last_error: Exception | None) -> str:
         """A replica for the session, waiting for the health probe while every replica is down."""
@@ -233,6 +309,8 @@ class ServingPool:
         if name in self._down:
             if not await client.health():
                 return
+            if self._synced is not None and not await self._catch_up(name):
+                return
             log.info("replica %s answers /health again; it takes new sessions", name)
             self._down.discard(name)
             self.scheduler.mark_up(name)
@@ -247,7 +325,17 @@ class ServingPool:
         self._metrics[name] = combine(engines.values(), engine=name)
         self.scheduler.scraped(name, self._metrics[name])
 
-    def _mark_down(self, name: str, error: Exception) -> None:
+    async def _catch_up(self, name: str) -> bool:
+        """A replica back from the dead loads the last synced weights before it serves; False if it cannot."""
+        source, version = self._synced
+        try:
+            await self._load(name, source, version)
+        except ServingError as exc:
+            log.warning("replica %s is back but did not load weights version %s: %s", name, version, exc)
+            return False
+        return True
+
+    def _mark_down(self, name: str, error: BaseException) -> None:
         if name not in self._down:
             log.warning("replica %s is down (%s); its sessions move to other replicas", name, error)
             self._down.add(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from terminus_env import tiny_model
 from terminus_env.protocol import prompts
 from terminus_env.rollout.policy import OracleReplies, oracle_reply
 from terminus_env.serving.sim.engine import SimConfig
@@ -16,38 +17,16 @@ from terminus_env.serving.sim.server import ServerConfig, SimServer
 from terminus_env.serving.sim.tokenizer import TemplateTokenizer
 from terminus_env.tasks import Task
 
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
 
 def chatml_tokenizer(tasks: Sequence[Task], vocab_size: int = 1024):
     """A ``PreTrainedTokenizerFast`` with Qwen's ChatML template, trained on the tasks' prompts and oracle replies."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     corpus = []
     for task in tasks:
         screen = "root@box:/app# "
         corpus += [prompts.initial_prompt(task.instruction, screen), oracle_reply(task, 0), oracle_reply(task, 1)]
     corpus.append(HalfRight.WRONG)
     corpus += [prompts.output_feedback("root@box:/app# ls\nhello.txt\n", [], is_screen=False)] * 2
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator(corpus, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=1 << 20
-    )
-    tokenizer.chat_template = CHATML
-    return tokenizer
+    return tiny_model.chatml_tokenizer(corpus, vocab_size)
 
 
 class HalfRight:

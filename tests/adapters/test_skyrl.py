@@ -37,13 +37,13 @@ def batch(task, instances: list[str], group: int) -> GeneratorInput:
     )
 
 
-def generate(tasks, tokenizer, input_batch, masking=None):
+def generate(tasks, tokenizer, input_batch, masking=None, replies=None, max_tokens=2048):
     async def main():
         async with contextlib.AsyncExitStack() as stack:
-            server = await stack.enter_async_context(oracle_server(tasks, tokenizer, HalfRight(tasks)))
+            server = await stack.enter_async_context(oracle_server(tasks, tokenizer, replies or HalfRight(tasks)))
             pool = await stack.enter_async_context(ServingPool([server.url], "sim"))
             kwargs = {"masking": masking} if masking else {}
-            generator = TerminusGenerator(ServingPolicy(pool, max_tokens=2048), tasks, **kwargs)
+            generator = TerminusGenerator(ServingPolicy(pool, max_tokens=max_tokens), tasks, **kwargs)
             return generator, await generator.generate(input_batch)
 
     return asyncio.run(main())
@@ -125,3 +125,19 @@ def test_the_registered_text_env_plays_an_episode_from_a_thread_pool(task):
     assert steps[-1]["reward"] == 1.0 and steps[-1]["metadata"]["end_reason"] == "task_complete"
     assert steps[0]["observations"][0]["role"] == "user" and steps[-1]["observations"] == []
     assert env.get_metrics()["format_errors"] == 0
+
+
+def test_a_turn_cut_at_max_tokens_ends_turn_truncated_in_train_mode(task, tokenizer):
+    """The engine's finish_reason reaches the env through the generator: a reply cut at max_tokens after a complete,
+    task-completing <response> ends the strict episode turn_truncated, reward 0. (The skyrl_gym text env sees text
+    only: SkyRL's own generator does not pass the finish reason to ``step``.)"""
+
+    def rambles(messages):
+        turn = sum(m["role"] == "assistant" for m in messages)
+        return oracle_reply(task, turn) + (" and so on" * 300 if turn == 1 else "")
+
+    budget = len(tokenizer.encode(oracle_reply(task, 0))) + 50
+    generator, output = generate([task], tokenizer, batch(task, ["a"], group=1), replies=rambles, max_tokens=budget)
+    (trajectory,) = generator.last_trajectories
+    assert [t.finish_reason for t in trajectory.turns] == ["stop", "length"]
+    assert trajectory.summary.end_reason == "turn_truncated" and output["rewards"][-1][-1] == 0.0

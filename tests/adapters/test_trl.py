@@ -15,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from terminus_env.bridge import shared_loop
 from terminus_env.integrations.trl import REWARD_FIELD, env_reward, make_rollout_func
+from terminus_env.rollout.policy import oracle_reply
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 
@@ -124,3 +125,56 @@ def test_rollout_func_output_passes_trls_checks_and_masks_with_none(task, tokeni
         # Between turns, the template's newline after <|im_end|>, taken from the engine's next prompt.
         assert text.count("<|im_end|>\n<|im_start|>user") == len(trajectory.turns) - 1 > 0
         assert all(turn.policy_version == 3 for turn in trajectory.turns)
+
+
+def test_a_turn_cut_at_max_tokens_ends_turn_truncated_and_the_batch_says_so(task, tokenizer):
+    """The engine's finish_reason reaches the env through the rollout function: a reply cut at max_tokens after a
+    complete, task-completing <response> ends the strict episode turn_truncated; the batch's end_reason is the env's
+    and its finish_reason the engine's."""
+
+    def rambles(messages):
+        turn = sum(m["role"] == "assistant" for m in messages)
+        return oracle_reply(task, turn) + (" and so on" * 300 if turn == 1 else "")
+
+    class Trainer:
+        class state:
+            global_step = 0
+
+        processing_class = tokenizer
+
+    server = oracle_server([task], tokenizer, rambles)
+    shared_loop().run(server.start())
+    try:
+        budget = len(tokenizer.encode(oracle_reply(task, 0))) + 50
+        with make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=budget) as rollouts:
+            out = rollouts([task.instruction], Trainer())
+    finally:
+        shared_loop().run(server.aclose())
+    (trajectory,) = rollouts.last_trajectories
+    assert [t.finish_reason for t in trajectory.turns] == ["stop", "length"]
+    assert trajectory.summary.end_reason == "turn_truncated" and trajectory.reward == 0.0
+    assert out["end_reason"] == ["turn_truncated"] and out["finish_reason"] == ["length"]
+
+
+def test_ids_outside_the_trainers_vocabulary_are_refused_with_the_cause(task, tokenizer):
+    """The simulated server's toy tokenizer (ids up to about 151,000) against a 1,024-token model: a clear error
+    naming the tokenizer mismatch and --tokenizer, not an IndexError in embed_tokens."""
+    from terminus_env.rollout.policy import OracleReplies
+    from terminus_env.serving.sim.server import ServerConfig, SimServer
+    from terminus_env.training import TrainingDataError
+
+    class Trainer:
+        class state:
+            global_step = 0
+
+        processing_class = tokenizer
+        model = tiny_model(tokenizer)
+
+    server = SimServer(ServerConfig(model="sim", time_scale=0.0), OracleReplies([task]))  # the toy tokenizer
+    shared_loop().run(server.start())
+    try:
+        with make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048) as rollouts:
+            with pytest.raises(TrainingDataError, match=r"outside the model.s vocabulary of \d+.*--tokenizer"):
+                rollouts([task.instruction], Trainer())
+    finally:
+        shared_loop().run(server.aclose())

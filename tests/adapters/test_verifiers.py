@@ -40,7 +40,7 @@ def test_taskset_and_env_resolve_by_id_as_verifiers_plugins():
     assert environment_class(PLUGIN_ID) is TerminusVfEnv  # the taskset's package exports its env
 
 
-def run_episode(task, replies, mode="train"):
+def run_episode(task, replies, mode="train", max_tokens=None):
     async def main():
         async with SimServer(ServerConfig(model="sim", time_scale=0.0), replies) as server:
             config = TerminusVfEnvConfig(
@@ -50,7 +50,8 @@ def run_episode(task, replies, mode="train"):
             )
             env = load_environment(config)
             (vtask,) = list(env.taskset)
-            ctx = ModelContext(model="sim", client=EvalClientConfig(base_url=f"{server.url}/v1", api_key_var=KEY_VAR))
+            client = EvalClientConfig(base_url=f"{server.url}/v1", api_key_var=KEY_VAR)
+            ctx = ModelContext(model="sim", client=client, sampling=vf.SamplingConfig(max_tokens=max_tokens))
             async with env.serving():
                 return await env.run_episode(vtask, ctx)
 
@@ -83,3 +84,18 @@ def test_strict_semantics_end_a_malformed_first_turn_with_reward_zero(task):
     lenient = run_episode(task, stumbles, mode="eval")
     (trace,) = lenient.traces
     assert trace.rewards["terminus"].score == 1.0 and trace.metrics["terminus/rescued"] == 1.0
+
+
+def test_a_turn_cut_at_max_tokens_ends_turn_truncated_in_train_mode(task):
+    """The engine's finish_reason reaches the env: a reply cut at max_tokens after a complete, task-completing
+    <response> is a truncated turn (reward 0, ungraded, in strict mode), not a graded success."""
+
+    def rambles(messages):
+        turn = sum(m["role"] == "assistant" for m in messages)
+        return oracle_reply(task, turn) + (" and so on" * 100 if turn == 1 else "")
+
+    episode = run_episode(task, rambles, mode="train", max_tokens=80)
+    (trace,) = episode.traces
+    assert trace.metrics["terminus/truncated_turns"] == 1.0 and trace.metrics["terminus/graded"] == 0.0
+    assert trace.rewards["terminus"].score == 0.0
+    assert trace.calls[-1].finish_reason == "length" and trace.metrics["terminus/turns"] == 2.0

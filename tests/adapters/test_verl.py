@@ -51,19 +51,20 @@ class OracleServerManager:
     The 'model' types the task's solution; its tokens are the tokenizer's, ending with <|im_end|>.
     """
 
-    def __init__(self, task, tokenizer) -> None:
-        self.task, self.tokenizer = task, tokenizer
+    def __init__(self, task, tokenizer, tail: str = "") -> None:
+        self.task, self.tokenizer, self.tail = task, tokenizer, tail  # tail: words added after the second reply
         self.calls: list[dict] = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
         turn = self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
-        ids = self.tokenizer.encode(oracle_reply(self.task, turn), add_special_tokens=False)
+        reply = oracle_reply(self.task, turn) + (self.tail if turn == 1 else "")
+        ids = self.tokenizer.encode(reply, add_special_tokens=False)
         ids = (ids + [self.tokenizer.eos_token_id])[: sampling_params["max_tokens"]]
         self.calls.append({"prompt_ids": list(prompt_ids), "token_ids": ids, "sampling": sampling_params})
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
 
 
-def load_from_yaml(tmp_path, task, tokenizer, manager, hf_model_type="qwen2"):
+def load_from_yaml(tmp_path, task, tokenizer, manager, hf_model_type="qwen2", extra_yaml=""):
     """What verl's AgentLoopWorker does: read agent_loop_config_path, then hydra-instantiate the named loop.
 
     Call it on the event loop that will run the agent loop, as verl's worker does (the loop keeps it).
@@ -74,7 +75,7 @@ def load_from_yaml(tmp_path, task, tokenizer, manager, hf_model_type="qwen2"):
         "  _target_: terminus_env.integrations.verl.TerminusAgentLoop\n"
         f"  tasks_dir: {task.path.parent}\n"
         "  mode: train\n"
-        "  max_turns: 5\n"
+        "  max_turns: 5\n" + extra_yaml
     )
     for entry in OmegaConf.load(yaml):
         _agent_loop_registry[entry.name] = entry
@@ -194,3 +195,18 @@ def verl_stream(builder, trajectory):
         ids = merge.token_ids
     assert len(ids) - prompt_length == len(mask)
     return ids, mask, logprobs
+
+
+def test_a_turn_cut_at_max_tokens_ends_turn_truncated_in_train_mode(task, tokenizer, tmp_path):
+    """A reply cut at the turn's token budget after a complete, task-completing <response> is a truncated turn."""
+    manager = OracleServerManager(task, tokenizer, tail=" and so on" * 300)
+    budget = len(tokenizer.encode(oracle_reply(task, 0), add_special_tokens=False)) + 50
+
+    async def main():
+        loop = load_from_yaml(tmp_path, task, tokenizer, manager, extra_yaml=f"  max_turn_tokens: {budget}\n")
+        raw_prompt = [{"role": "user", "content": task.instruction}]
+        return await loop.run({}, raw_prompt=raw_prompt, extra_info={"task": task.name})
+
+    output = asyncio.run(main())
+    assert [len(call["token_ids"]) for call in manager.calls][1] == budget  # the second reply was cut
+    assert output.extra_fields["end_reason"] == "turn_truncated" and output.reward_score == 0.0

@@ -11,6 +11,7 @@ import sys
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.replies import ReplySource, ScriptedReplies, default_reply, load_reply_source
 from terminus_env.serving.sim.server import ServerConfig, SimServer
+from terminus_env.serving.sim.tokenizer import ChatTokenizer, TemplateTokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--time-scale", type=float, default=1.0, help="real seconds per simulated second (0: as fast as possible)"
     )
+    serve.add_argument(
+        "--weight-sync", action="store_true", help="serve vLLM's weight-update endpoints (pause, collective_rpc, ...)"
+    )
+    serve.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="a Hugging Face tokenizer folder with a chat template (needs transformers): prompts and replies get the "
+        "ids a real server of that model returns, instead of toy ids up to 151,000 that no small vocabulary holds",
+    )
     replies = serve.add_mutually_exclusive_group()
     replies.add_argument("--replies", metavar="FILE", help="scripted replies, JSON lines (see ScriptedReplies)")
     replies.add_argument("--reply-source", metavar="MODULE:CALLABLE", help="a callable (messages) -> reply text")
@@ -45,12 +55,24 @@ def _reply_source(args: argparse.Namespace) -> ReplySource:
     return default_reply
 
 
-async def _serve(config: ServerConfig, replies: ReplySource, host: str, port: int) -> None:
+def _tokenizer(path: str | None) -> ChatTokenizer | None:
+    if path is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ValueError("--tokenizer needs transformers: pip install transformers") from exc
+    return TemplateTokenizer(AutoTokenizer.from_pretrained(path))
+
+
+async def _serve(
+    config: ServerConfig, replies: ReplySource, host: str, port: int, tokenizer: ChatTokenizer | None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = SimServer(config, replies)
+    server = SimServer(config, replies, tokenizer=tokenizer)
     await server.start(host, port)
     print(f"serving {config.model!r} on {server.url} ({config.engines} engine(s))", flush=True)
     try:
@@ -63,13 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         engine = SimConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(SimConfig)})
-        config = ServerConfig(model=args.model, engines=args.engines, engine=engine, time_scale=args.time_scale)
+        config = ServerConfig(
+            model=args.model,
+            engines=args.engines,
+            engine=engine,
+            time_scale=args.time_scale,
+            weight_sync=args.weight_sync,
+        )
         replies = _reply_source(args)
+        tokenizer = _tokenizer(args.tokenizer)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(config, replies, args.host, args.port))
+        asyncio.run(_serve(config, replies, args.host, args.port, tokenizer))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -231,6 +231,12 @@ class _BlockPool:
             hits.append(block)
         return hits
 
+    def forget_prefixes(self) -> None:
+        """Drop every prefix key; the blocks stay where they are (free or held)."""
+        self.cached.clear()
+        self.key = [None] * len(self.key)
+        self.evictable_cached = 0
+
     def free_after_touch(self, blocks: list[int]) -> int:
         return len(self.free) - sum(1 for b in blocks if self.ref[b] == 0)
 
@@ -289,6 +295,14 @@ class SimReplica:
                     self._ids.discard(request_id)
                     return
         raise UnknownRequest(f"engine {self.engine} holds no request {request_id!r}")
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``/reset_prefix_cache``; False (nothing done) while a request
+        holds blocks."""
+        if self._running:
+            return False
+        self._pool.forget_prefixes()
+        return True
 
     def pop_finished(self) -> list[SimFinished]:
         out, self._finished = self._finished, []

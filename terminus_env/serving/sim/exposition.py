@@ -86,6 +86,44 @@ _COUNTERS = (
 )
 
 
+# vLLM 0.32's labels of vllm:cache_config_info, in its order, and the values a single-engine GPU server shows.
+_CACHE_CONFIG_LABELS = (
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens", "effective_attention_block_size",
+    "enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching", "engine", "gpu_memory_utilization",
+    "hash_block_size", "is_attention_free", "kv_cache_dtype_skip_layers", "kv_cache_layout", "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes", "kv_cache_size_tokens", "kv_offloading_backend", "kv_offloading_size",
+    "kv_sharing_fast_prefill", "mamba_block_size", "mamba_cache_dtype", "mamba_cache_mode", "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype", "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+    "prefix_cache_retention_interval", "prefix_caching_hash_algo", "prefix_match_unit", "replayssm_buffer_len",
+    "skip_page_size_padded", "sliding_window", "swa_bounded_replay", "use_kda_recoverssm", "use_replayssm",
+    "user_specified_block_size",
+)  # fmt: skip
+_CACHE_CONFIG_DEFAULTS = {
+    "_block_size_resolved": "True", "cache_dtype": "auto", "enable_mamba_shared_prefix_checkpoint": "False",
+    "gpu_memory_utilization": "0.92", "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]",
+    "kv_offloading_backend": "native", "kv_sharing_fast_prefill": "False", "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none", "mamba_ssm_cache_dtype": "auto", "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256", "replayssm_buffer_len": "16", "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False", "use_replayssm": "False", "user_specified_block_size": "False",
+}  # fmt: skip
+
+
+def _cache_config(replica: SimReplica) -> dict[str, str]:
+    """One engine's cache-config labels: what the simulator models, vLLM's defaults for the rest ("None" unset)."""
+    cfg = replica.config
+    tokens = cfg.num_gpu_blocks * cfg.block_size
+    modelled = {
+        "block_size": str(cfg.block_size),
+        "effective_attention_block_size": str(cfg.block_size),
+        "enable_prefix_caching": str(cfg.enable_prefix_caching),
+        "engine": replica.engine,
+        "num_gpu_blocks": str(cfg.num_gpu_blocks),
+        "kv_cache_size_tokens": str(tokens),
+        "kv_cache_max_concurrency": str(round(tokens / cfg.max_model_len, 2)),
+    }
+    return {label: modelled.get(label, _CACHE_CONFIG_DEFAULTS.get(label, "None")) for label in _CACHE_CONFIG_LABELS}
+
+
 class _EngineCollector(Collector):
     def __init__(
         self, model: str, replicas: Sequence[SimReplica], created: float, lags: Callable[[], Mapping[str, float]]
@@ -108,15 +146,10 @@ class _EngineCollector(Collector):
                 family.add_metric([self._model, m.engine], getattr(m, field), created=self._created)
             yield family
         info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"],
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(_CACHE_CONFIG_LABELS)
         )
         for replica in self._replicas:
-            cfg = replica.config
-            info.add_metric(
-                [str(cfg.block_size), str(cfg.enable_prefix_caching), replica.engine, str(cfg.num_gpu_blocks)], 1.0
-            )
+            info.add_metric([_cache_config(replica)[label] for label in _CACHE_CONFIG_LABELS], 1.0)
         yield info
         lag = GaugeMetricFamily(
             "terminus_sim:max_lag_seconds", "Simulator only: the most the engine's clock ran behind the wall clock.",

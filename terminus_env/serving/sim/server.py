@@ -30,6 +30,7 @@ from terminus_env.serving.sim.replies import ReplySource, default_reply
 from terminus_env.serving.sim.tokenizer import ChatTokenizer, ToyTokenizer
 
 DP_RANK_HEADER = "x-data-parallel-rank"
+SYSTEM_FINGERPRINT = "vllm-sim"
 REPLICA_HEADER = "x-sim-replica"
 
 
@@ -39,6 +40,7 @@ class ServerConfig:
     engines: int = 1
     engine: SimConfig = field(default_factory=SimConfig)
     time_scale: float = 1.0  # real seconds per simulated second; 0 runs as fast as the loop can
+    weight_sync: bool = False  # serve vLLM's weight-update endpoints, as `vllm serve` does with VLLM_SERVER_DEV_MODE=1
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -59,6 +61,9 @@ class _EngineDriver:
         self._epoch = time.monotonic()
         self.dead: Exception | None = None
         self.max_lag_s = 0.0  # how far the engine's clock ran behind the wall clock, in simulated seconds
+
+    def busy(self) -> bool:
+        return bool(self._pending)
 
     def load(self) -> float:
         """vLLM's own data-parallel balancing score: ``waiting × 4 + running``."""
@@ -146,6 +151,10 @@ class SimServer:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._connections: set[asyncio.Task] = set()
+        self._serving = asyncio.Event()  # cleared while paused for a weight update
+        self._serving.set()
+        self.weights_path: str | None = None  # the last reload_weights' path
+        self.weight_version: str | None = None
         self.host = ""
         self.port = 0
 
@@ -200,6 +209,15 @@ class SimServer:
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
         }
+        if self.config.weight_sync:
+            routes |= {
+                ("POST", "/pause"): self._pause,
+                ("POST", "/resume"): self._resume,
+                ("POST", "/collective_rpc"): self._collective_rpc,
+                ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
+                ("POST", "/update_weight_version"): self._update_weight_version,
+                ("GET", "/weight_info"): self._weight_info,
+            }
         handler = routes.get((request.method, request.path))
         if handler is None:
             known = any(path == request.path for _, path in routes)
@@ -208,6 +226,37 @@ class SimServer:
             return await handler(request)
         except _ApiError as exc:
             return exc.response()
+
+    # -- weight updates (vLLM's development endpoints) ---------------------------------------------------
+
+    async def _pause(self, request: Request) -> Response:
+        """``mode=wait`` (the only one modelled): new requests wait for ``/resume``; running ones finish first."""
+        self._serving.clear()
+        while any(driver.busy() for driver in self._drivers):
+            await asyncio.sleep(0.005)
+        return Response.json(200, {"status": "paused"})
+
+    async def _resume(self, request: Request) -> Response:
+        self._serving.set()
+        return Response.json(200, {"status": "resumed"})
+
+    async def _collective_rpc(self, request: Request) -> Response:
+        """``reload_weights`` records where the weights came from; the simulator has none to load."""
+        body = request.json()
+        if body.get("method") != "reload_weights":
+            raise _ApiError(500, f"the simulator's workers have no method {body.get('method')!r}")
+        self.weights_path = (body.get("kwargs") or {}).get("weights_path")
+        return Response.json(200, {"results": [None] * len(self._drivers)})
+
+    async def _reset_prefix_cache(self, request: Request) -> Response:
+        return Response.json(200, {"success": all(d.replica.reset_prefix_cache() for d in self._drivers)})
+
+    async def _update_weight_version(self, request: Request) -> Response:
+        self.weight_version = str(request.json()["new_version"])
+        return Response.json(200, {"success": True, "new_version": self.weight_version})
+
+    async def _weight_info(self, request: Request) -> Response:
+        return Response.json(200, {"weight_version": self.weight_version})
 
     async def _health(self, request: Request) -> Response:
         dead = [d.replica.engine for d in self._drivers if d.dead is not None]
@@ -227,10 +276,27 @@ class SimServer:
             "root": self.config.model,
             "parent": None,
             "max_model_len": self.config.engine.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": int(time.time()),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         return Response.json(200, {"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
+        await self._serving.wait()  # held while paused for a weight update
         body = _chat_body(request)
         try:
             prompt = self._tokenizer.chat_prompt(body["messages"])
@@ -259,30 +325,37 @@ class SimServer:
         completion = self._completion_body(body, request_id, prompt, reply, done)
         headers = {REPLICA_HEADER: f"{self.host}:{self.port}"}
         if body.get("stream"):
-            return Response(200, _event_stream(completion, body), content_type="text/event-stream", headers=headers)
+            kept = [text for text, _ in reply[: done.output_tokens]]
+            deltas = kept + [""] * (done.output_tokens - len(kept))
+            stream = _event_stream(completion, body, deltas)
+            return Response(200, stream, content_type="text/event-stream", headers=headers)
         return Response.json(200, completion, headers=headers)
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
-        """vLLM's two context-length refusals, word for word where clients parse them."""
+        """vLLM 0.32's context-length rules, its refusals word for word where clients parse them: a prompt that
+        fills the context and a ``max_tokens`` above ``max_model_len`` are refused; otherwise ``max_tokens`` is
+        cut to the room the prompt leaves (the reply then ends with ``length`` at the context's end)."""
         limit = self.config.engine.max_model_len
         if prompt_len >= limit:
             raise _ApiError(
                 400,
-                f"This model's maximum context length is {limit} tokens. However, your request "
-                f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains at least "
+                f"{min(prompt_len, limit + 1)} input tokens, which exceeds this limit even without any output "
+                f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={prompt_len})",
+                param="input_tokens",
             )
         if max_tokens is None:
             return limit - prompt_len
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise _ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
-        if prompt_len + max_tokens > limit:
+            raise _ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        if max_tokens > limit:
             raise _ApiError(
                 400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-                f"maximum context length is {limit} tokens and your request has {prompt_len} input "
-                f"tokens ({max_tokens} > {limit} - {prompt_len}).",
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output "
+                f"tokens. (parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
             )
-        return max_tokens
+        return min(max_tokens, limit - prompt_len)
 
     def _pick_engine(self, rank: str | None) -> _EngineDriver:
         if rank is None:
@@ -296,48 +369,59 @@ class SimServer:
     def _completion_body(
         self, body: dict, request_id: str, prompt: list[int], reply: list[tuple[str, int]], done: SimFinished
     ) -> dict:
+        """vLLM 0.32's completion, field for field (tests/real_vllm/test_sim_parity.py holds the two side by side)."""
         kept = reply[: done.output_tokens]
         end_text, end_id = self._tokenizer.end_of_turn
         ids = list(done.output_token_ids)  # the reply's tokens, then its end token (or, past it, any token)
         texts = [text for text, _ in kept] + [end_text if i == end_id else "" for i in ids[len(kept):]]
+        with_ids = body.get("return_token_ids") is True
+        message = {"role": "assistant", "content": "".join(text for text, _ in kept)}
         choice: dict = {
             "index": 0,
-            "message": {"role": "assistant", "content": "".join(text for text, _ in kept), "tool_calls": []},
+            "message": message | dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning")),
             "logprobs": _logprobs(texts, ids) if body.get("logprobs") else None,
             "finish_reason": done.finish_reason,
             "stop_reason": None,
+            "token_ids": ids if with_ids else None,
+            "routed_experts": None,
         }
-        response = {
+        return {
             "id": request_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.config.model,
             "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {
                 "prompt_tokens": len(prompt),
-                "completion_tokens": done.output_tokens,
                 "total_tokens": len(prompt) + done.output_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
+                "completion_tokens": done.output_tokens,
+                "prompt_tokens_details": None,  # vLLM fills it only with --enable-prompt-tokens-details
+                "completion_tokens_details": None,
             },
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if with_ids else None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
-        if body.get("return_token_ids"):
-            choice["token_ids"] = ids
-            response["prompt_token_ids"] = prompt
-        return response
 
 
 class _ApiError(Exception):
     """An error answered in vLLM's body shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
 
     def response(self) -> Response:
         kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
             self.status, "InternalServerError"
         )
-        error = {"message": str(self), "type": kind, "param": None, "code": self.status}
+        error = {"message": str(self), "type": kind, "param": self.param, "code": self.status}
         return Response.json(self.status, {"error": error})
 
 
@@ -352,21 +436,31 @@ def _chat_body(request: Request) -> dict:
     return body
 
 
-def _event_stream(completion: dict, body: dict) -> bytes:
-    """A finished completion as server-sent events, as vLLM streams one: the whole reply in one delta,
-    then the finish reason, then usage when ``stream_options.include_usage`` asks for it."""
+def _event_stream(completion: dict, body: dict, deltas: list[str]) -> bytes:
+    """A finished completion as server-sent events, as vLLM streams one: the role (with the prompt's ids when
+    asked), then one chunk per generated token (``deltas``: its text, empty for the end-of-turn token; its
+    logprobs and id; the last with the finish reason), then usage when ``stream_options.include_usage`` asks."""
     choice = completion["choices"][0]
     base = {key: completion[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    delta = {"role": "assistant", "content": choice["message"]["content"]}
-    first = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
-    if "token_ids" in choice:
-        first["token_ids"] = choice["token_ids"]
-    events = [
-        {**base, "choices": [first]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
-    ]
+    opening = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}]}  # fmt: skip
+    if completion["prompt_token_ids"] is not None:
+        opening |= {"prompt_token_ids": completion["prompt_token_ids"], "prompt_text": None}
+    events = [opening]
+    entries = choice["logprobs"]["content"] if choice["logprobs"] else None
+    ids = choice["token_ids"]
+    for i, text in enumerate(deltas):
+        last = i == len(deltas) - 1
+        token = {"index": 0, "delta": {"content": text}, "logprobs": {"content": [entries[i]]} if entries else None,
+                 "finish_reason": choice["finish_reason"] if last else None}  # fmt: skip
+        if last:
+            token["stop_reason"] = None
+        if ids is not None:
+            token["token_ids"] = [ids[i]]
+        events.append({**base, "choices": [token]})
     if (body.get("stream_options") or {}).get("include_usage"):
-        events.append({**base, "choices": [], "usage": completion["usage"]})
+        usage = {key: completion["usage"][key] for key in ("prompt_tokens", "total_tokens", "completion_tokens")}
+        events.append({**base, "choices": [], "usage": usage, "system_fingerprint": SYSTEM_FINGERPRINT})
     lines = [f"data: {json.dumps(event)}\n\n" for event in events] + ["data: [DONE]\n\n"]
     return "".join(lines).encode()
 

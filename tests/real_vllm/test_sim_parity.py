@@ -1,0 +1,111 @@
+"""The simulated replica against the real engine: the same client code, the same shapes, or the test fails.
+
+Values differ (the simulator samples nothing); the structure may not: every field of a chat completion, streamed
+or not, of an error and of ``/v1/models``, and every ``/metrics`` family the simulator exposes, with its labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+from vllm_support import MODEL_NAME
+
+from terminus_env.serving.client import ReplicaClient
+from terminus_env.serving.metrics import _CACHE_CONFIG, _COUNTERS, _GAUGES
+from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.server import ServerConfig, SimServer
+from terminus_env.serving.sim.tokenizer import TemplateTokenizer
+
+MESSAGES = [{"role": "user", "content": "list the files"}]
+CHAT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 5, "logprobs": True, "return_token_ids": True,
+        "ignore_eos": True}  # five tokens from both, whatever they say
+
+
+def shape(value):
+    """A JSON value's structure: keys and value types; a list of objects by its items' shapes, any other
+    ``"list"`` (an empty list of ids and a full one have one shape)."""
+    if isinstance(value, dict):
+        return {key: shape(v) for key, v in sorted(value.items())}
+    if isinstance(value, list):
+        if not any(isinstance(v, (dict, list)) for v in value):
+            return "list"
+        items = {json.dumps(shape(v), sort_keys=True) for v in value}
+        return [json.loads(s) for s in sorted(items)]
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+def stream_shapes(text: str) -> dict:
+    """A server-sent event stream's chunks by kind (opening, token, last token, usage), the shape of each kind's
+    first, and how many chunks carried a token."""
+    lines = [line for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+    chunks = [json.loads(line[6:]) for line in lines]
+    assert text.rstrip().endswith("data: [DONE]")
+    kinds: dict = {}
+    tokens = 0
+    for i, chunk in enumerate(chunks):
+        choices = chunk["choices"]
+        kind = "usage" if not choices else "opening" if i == 0 else "last" if choices[0]["finish_reason"] else "token"
+        tokens += kind in ("token", "last")
+        kinds.setdefault(kind, shape(chunk))
+    return {**kinds, "token chunks": tokens}
+
+
+def families(text: str) -> dict[str, list[str]]:
+    """Every metric family's sample names and label names."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: sorted({f"{s.name}{sorted(s.labels)}" for s in f.samples}) for f in
+            text_string_to_metric_families(text)}  # fmt: skip
+
+
+async def observe(url: str) -> dict:
+    """What a client sees of one server; the same calls for both."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        plain = (await http.post("/v1/chat/completions", json=CHAT)).json()
+        bare = (await http.post("/v1/chat/completions", json={"model": MODEL_NAME, "messages": MESSAGES,
+                                                               "max_tokens": 2})).json()  # fmt: skip
+        streamed = await http.post(
+            "/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        too_long = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 10**6})
+        models = (await http.get("/v1/models")).json()
+        metrics = (await http.get("/metrics")).text
+    async with ReplicaClient(url) as client:
+        completion = await client.chat(MODEL_NAME, MESSAGES, max_tokens=5, ignore_eos=True)
+        engines = await client.metrics()
+    return {
+        "chat": shape(plain),
+        "bare chat": shape(bare),
+        "stream": stream_shapes(streamed.text),
+        "stream_type": streamed.headers["content-type"].split(";")[0],
+        "too_long": (too_long.status_code, shape(too_long.json())),
+        "models": shape(models),
+        "metrics": families(metrics),
+        "completion": completion,
+        "engines": engines,
+    }
+
+
+def test_the_simulated_replica_answers_in_the_engines_shapes(fleet, tokenizer):
+    async def main():
+        config = ServerConfig(model=MODEL_NAME, time_scale=0.0, engine=SimConfig(max_model_len=8192))
+        async with SimServer(config, tokenizer=TemplateTokenizer(tokenizer)) as sim:
+            return await observe(fleet.urls[0]), await observe(sim.url)
+
+    real, sim = asyncio.run(main())
+    for key in ("chat", "bare chat", "stream", "stream_type", "too_long", "models"):
+        assert sim[key] == real[key], f"{key}:\nsim  {sim[key]}\nreal {real[key]}"
+    own = {name for name in sim["metrics"] if name.startswith("terminus_sim:")}  # the simulator's diagnostics
+    missing = {n: labels for n, labels in sim["metrics"].items() if n not in own and real["metrics"].get(n) != labels}
+    assert not missing, f"metric families the simulator exposes otherwise than vLLM: {missing}"
+    read = {alias for aliases in (*_GAUGES.values(), *_COUNTERS.values()) for alias in aliases[:1]} | {_CACHE_CONFIG}
+    for server in (real, sim):
+        assert read <= set(server["metrics"]), read - set(server["metrics"])
+    # The client reads the same fields from both.
+    for c in (real["completion"], sim["completion"]):
+        assert len(c.token_ids) == len(c.logprobs) == c.completion_tokens and c.prompt_token_ids
+    assert real["completion"].prompt_token_ids == sim["completion"].prompt_token_ids  # one chat template
+    assert list(real["engines"]) == list(sim["engines"]) == ["0"]
+    assert real["engines"]["0"].block_size and sim["engines"]["0"].block_size

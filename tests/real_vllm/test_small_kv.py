@@ -1,0 +1,84 @@
+"""Two real replicas with a tiny KV cache (24 blocks of 32 tokens), each from its own ``terminus-env serve``: vLLM
+preempts when requests outgrow it, and the pool fails over when one replica is killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from vllm_support import MODEL_NAME, launch
+
+from terminus_env.serving import ReplicaClient, ServingPool
+
+SMALL_KV = ("--num-gpu-blocks-override", "24", "--block-size", "32", "--max-model-len", "512")
+
+
+@pytest.fixture(scope="module")
+def pair(model_dir, tmp_path_factory):
+    fleets = []
+    try:
+        for i in range(2):  # separate launchers: killing one replica must not stop the other
+            fleets.append(launch(model_dir, tmp_path_factory.mktemp(f"small-{i}"), dp=1, engine_args=SMALL_KV))
+        yield fleets
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+
+
+def test_requests_outgrowing_a_small_kv_cache_are_preempted_and_still_finish(pair):
+    url = pair[0].urls[0]
+
+    async def main():
+        async with ReplicaClient(url) as client:
+            before = (await client.metrics())["0"]
+            chats = [client.chat(MODEL_NAME, [{"role": "user", "content": f"count to {i}"}], max_tokens=400,
+                                 ignore_eos=True) for i in range(8)]  # fmt: skip
+            done = await asyncio.gather(*chats)
+            after = (await client.metrics())["0"]
+        return before, done, after
+
+    before, done, after = asyncio.run(main())
+    assert after.num_gpu_blocks == 24 and after.block_size == 32
+    assert all(c.completion_tokens == 400 and c.finish_reason == "length" for c in done)
+    assert after.num_preemptions_total > before.num_preemptions_total  # 8 × 14 blocks wanted, 23 usable
+
+
+def test_the_pool_fails_over_when_a_replica_is_killed_mid_run(pair):
+    survivor, victim = pair[0].urls[0], pair[1].urls[0]
+    first_turns = []
+    all_started = asyncio.Event()
+
+    async def session(pool: ServingPool, i: int) -> list[str]:
+        messages = [{"role": "user", "content": f"session {i}"}]
+        served = []
+        async with pool.session(f"s{i}"):
+            for turn in range(4):
+                if turn == 1 and i == 0:
+                    await all_started.wait()  # every session has a replica and a finished turn
+                    await asyncio.sleep(0.3)  # the victim's sessions are mid-request now
+                    os.killpg(pair[1].replica_pid(0), signal.SIGKILL)  # the victim's whole process group
+                c = await pool.chat(f"s{i}", messages, max_tokens=60, ignore_eos=True)
+                assert c.completion_tokens == 60
+                served.append(c.replica)
+                if turn == 0:
+                    first_turns.append(i)
+                    if len(first_turns) == 4:
+                        all_started.set()
+                messages += [{"role": "assistant", "content": c.text}, {"role": "user", "content": "more"}]
+        return served
+
+    async def main():
+        # Round robin over sessions: two live on each replica (a KV pool this small reads as saturated to available_kv).
+        async with ServingPool([survivor, victim], MODEL_NAME, policy="round_robin", scrape_interval_s=0.5,
+                               failover_timeout_s=60) as pool:  # fmt: skip
+            served = await asyncio.gather(*(session(pool, i) for i in range(4)))
+            return served, pool.is_up(victim), pool.failovers
+
+    served, victim_up, failovers = asyncio.run(main())
+    print(f"\nfailover: {failovers} request(s) retried on the survivor; replicas per session: {served}")
+    assert not victim_up
+    assert sum(s[0] == victim for s in served) == 2  # two sessions lived on the victim before the kill
+    assert all(s[-1] == survivor for s in served)  # and every session finished, on the survivor
+    assert pair[1].proc.wait(timeout=60) == 1  # its launcher saw the replica die and stopped

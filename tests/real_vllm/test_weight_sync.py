@@ -1,0 +1,66 @@
+"""``ServingPool.sync_weights`` on real replicas: new weights everywhere, checked against ``transformers``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from transformers import AutoModelForCausalLM
+from vllm_support import MODEL_NAME, expected_logprobs, probe
+
+from terminus_env.serving import ReplicaClient, ServingPool
+from terminus_env.serving.weight_sync import CheckpointReload
+
+
+def perturbed(model_dir, out_dir):
+    """What a trainer's step leaves on disk: every weight moved, saved with ``save_pretrained``."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    model.save_pretrained(out_dir)
+    return model
+
+
+def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):
+    old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    new = perturbed(model_dir, tmp_path / "step-1")
+
+    async def main():
+        async with ServingPool(fleet.urls, MODEL_NAME, scrape_interval_s=0.5) as pool:
+            for url in fleet.urls:  # warm each prefix cache with the prompt, on the old weights
+                await probe(url)
+                _, hits = await probe(url)
+                assert hits > 0
+            async with pool.session("long"):
+                in_flight = asyncio.create_task(
+                    pool.chat("long", [{"role": "user", "content": "go"}], max_tokens=1500, ignore_eos=True)
+                )
+                await asyncio.sleep(0.3)  # at the replica when the sync starts
+                sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(tmp_path / "step-1")), version=1))
+                await asyncio.sleep(0)
+                async with pool.session("during"):  # held until the new weights are in
+                    during = await pool.chat("during", [{"role": "user", "content": "and now?"}], max_tokens=4)
+                report = await sync
+                finished_old = await in_flight
+            after = [await probe(url) for url in fleet.urls]
+            versions = []
+            for url in fleet.urls:
+                async with ReplicaClient(url) as client:
+                    versions.append(await client.weight_version())
+            back = await pool.sync_weights(CheckpointReload(str(model_dir)), version=2)  # the other tests' weights
+            return report, finished_old, during, after, versions, back
+
+    report, finished_old, during, after, versions, back = asyncio.run(main())
+    print(f"\nweight sync (tiny model, 2 replicas): held {report.held_s:.3f}s, load {report.load_s:.3f}s")
+    assert report.replicas == tuple(fleet.urls) and report.skipped == () and report.version == "1"
+    assert back.version == "2" and back.replicas == tuple(fleet.urls)
+    # In flight at the sync: finished whole, on the old weights, with the old version.
+    assert finished_old.completion_tokens == 1500 and finished_old.policy_version is None
+    assert during.policy_version == 1 and versions == ["1", "1"]
+    for c, hits in after:
+        assert hits == 0  # no KV computed with the old weights was reused
+        got = torch.tensor(c.logprobs)
+        assert torch.allclose(got, expected_logprobs(new, c.prompt_token_ids, c.token_ids), atol=2e-3)
+        assert not torch.allclose(got, expected_logprobs(old, c.prompt_token_ids, c.token_ids), atol=2e-3)
