@@ -15,6 +15,7 @@ from terminus_env.serving.client import (
     ContextLengthExceeded,
     ReplicaClient,
     ReplicaUnavailable,
+    ServingError,
 )
 from terminus_env.serving.pool import ServingPool
 from terminus_env.serving.sim.engine import SimConfig
@@ -197,6 +198,20 @@ def test_context_length_is_typed_and_keeps_the_replica_up():
 
     up, ok = run(main())
     assert up and ok.completion_tokens > 0
+
+
+def test_a_turn_limit_above_the_models_context_says_what_to_lower():
+    """vLLM refuses max_tokens above max_model_len outright (not a context overflow of the conversation)."""
+    config = ServerConfig(model="m", time_scale=0.0, engine=SimConfig(num_gpu_blocks=64, max_model_len=100))
+
+    async def main():
+        async with SimServer(config) as a, ServingPool([a.url], "m", scrape_interval_s=0.05) as pool:
+            async with pool.session("s"):
+                with pytest.raises(ServingError, match="--max-turn-tokens") as refused:
+                    await pool.chat("s", [{"role": "user", "content": "hi"}], max_tokens=16384)
+        return refused.value
+
+    assert not isinstance(run(main()), ContextLengthExceeded)
 
 
 def _free_port() -> int:

@@ -162,6 +162,12 @@ class ReplicaClient:
             message = _error_message(response)
             if response.status_code == 400 and "maximum context length" in message:
                 raise ContextLengthExceeded(message)
+            if response.status_code == 400 and "cannot be greater than max_model_len" in message:
+                raise ServingError(
+                    f"{self.base_url}{path}: {message} The per-turn token limit is above the model's context: lower "
+                    "it (ServingPolicy(max_tokens=...), `terminus-env eval --max-turn-tokens`) or serve the model "
+                    "with a longer --max-model-len."
+                )
             raise ServingError(f"{self.base_url}{path}: HTTP {response.status_code}: {message}")
         return response
 
