@@ -2,31 +2,37 @@
 
 It plays two parts, chosen by its first argument:
 
-``main``: the container's main process. Before anything of the task runs, it splits the container in two:
-  - the agent's side: a new PID and mount namespace whose init ("the agent's init") starts the image's
-    ENTRYPOINT with the keep-alive command, then reaps orphans. Everything the agent ever runs lives there: the
-    tmux terminal, its shell, whatever that shell starts, and the reference solution. It gets its own /proc, so
-    it sees only its own processes, with Docker's masks of /proc copied over;
-  - the host's side (the container's first namespaces): this process, the control daemon and the verifier.
-    Here /tests, /logs/verifier and /run/terminus are fresh tmpfs mounts that exist in this mount namespace
-    only; the agent's side sees the plain, empty folders underneath.
+``main``: the container's main process. Before anything of the task runs, it splits the container in three:
+  - the agent's side: a PID and mount namespace whose init ("the agent's init") starts the image's ENTRYPOINT
+    with the keep-alive command, then reaps orphans. Everything the agent ever runs lives there: the tmux
+    terminal, its shell, whatever that shell starts, and the reference solution. It gets its own /proc, so it
+    sees only its own processes, with Docker's masks of /proc copied over; the verifier's private folders and
+    every folder above them are mount points here, so the agent can neither remove nor rename them;
+  - the verifier's side: a PID namespace above the agent's (the verifier sees the agent's processes) with a
+    mount namespace and a /proc of its own, where /tests, /logs/verifier and /run/terminus are fresh tmpfs
+    mounts the agent's side never has;
+  - the host's side (the container's first namespaces): this process and the control daemon, out of both
+    other sides' sight.
   It keeps the container alive for the sandbox's lifetime, then exits, which ends the container.
 
 ``daemon``: the control daemon. The host starts it once per container with one long-lived ``docker exec`` and
   talks to it over the exec's stdin/stdout: one JSON object per line each way, matched by ``id``. Every tmux
-  operation, command and verifier run is one round trip (a few ms) instead of a new ``docker exec`` (about 75 ms).
+  operation, turn and verifier run is one round trip (a few ms) instead of a new ``docker exec`` (about 75 ms).
   Requests run on a fixed pool of threads, so a fork bomb that exhausts the pids limit cannot stop it answering.
   When its stdin closes, the owner process is gone (even after SIGKILL the kernel closes its socket), so it stops
-  the container.
+  the container. While the verifier runs, it watches what the verifier opens (OpenWatch) and holds the root
+  folder still (FrozenRoot).
 
-Why the agent cannot forge a reply or a reward: the daemon and the verifier are invisible from the agent's PID
-namespace (and the daemon is not dumpable besides), so their pipes and files cannot be opened through /proc; the
-verifier's /tests and /logs/verifier are mounts the agent's side does not have; and every process started for the
-agent or the verifier runs with Docker's default capabilities and seccomp rules for a container without
-CAP_SYS_ADMIN. Only the daemon keeps CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP and CAP_NET_ADMIN (to enter the
-agent's namespaces and drop capabilities for what it starts; the main process uses CAP_NET_ADMIN once, before
-anything of the task runs, to cut a container with sidecars off the host); it never runs a program and imports
-nothing once the agent exists, so no file the agent can write ever runs with them.
+Why the agent cannot forge a reply or a reward: the daemon is invisible from the agent's and the verifier's PID
+namespaces (and not dumpable besides), so its pipes cannot be opened through /proc; the verifier's processes are
+invisible from the agent's; the verifier's /tests and /logs/verifier are mounts the agent's side does not have,
+and the daemon proves before and after each run that the verifier used those very mounts; and every process
+started for the agent or the verifier runs with Docker's default capabilities and seccomp rules for a container
+without CAP_SYS_ADMIN. Only the daemon keeps CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP, CAP_NET_ADMIN and
+CAP_LINUX_IMMUTABLE (to enter the sides' namespaces, drop capabilities for what it starts, watch the verifier
+and hold the root folder still; the main process uses CAP_NET_ADMIN once, before anything of the task runs, to
+cut a container with sidecars off the host); it never runs a program and imports nothing once the agent
+exists, so no file the agent can write ever runs with them.
 
 The host sends the daemon's source as the first line on its stdin; this file must not import terminus_env.
 """
@@ -906,6 +912,7 @@ class Daemon:
         self.tmux = Tmux(self.spawner)
         self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
         self.private = {path: PrivateFolder(path) for path in VERIFIER_FOLDERS}
+        self.verifying = threading.Lock()
         # Each side's root, held open with its mount points as they are now (no side can mount anything later):
         # the watch marks them even once the agent's side is stopped and its init gone.
         self.roots = {side: (os.open("/proc/{}/root".format(init), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
@@ -1283,12 +1290,17 @@ def limit_counters():
 
 
 def op_verify(daemon, req):
+    with daemon.verifying:  # one at a time: each holds the root folder still and empties the same folders
+        return _verify(daemon, req)
+
+
+def _verify(daemon, req):
     """Fresh /tests (from the tar the host sent) and /logs/verifier, the verifier run in its own namespaces, then
     the files it wrote, which limits the container hit while it ran (a verifier starved of pids or memory proves
     nothing), and what it ran that changed in this container (see OpenWatch).
 
-    The folders are the host's own tmpfs mounts, held open since the daemon started: before and after the run,
-    the path the verifier uses must still lead to them, else the agent's side tampered with them (it cannot:
+    The folders are the verifier side's own tmpfs mounts, held open since the daemon started: before and after the
+    run, the path the verifier uses must still lead to them, else the agent's side tampered with them (it cannot:
     see _shield_private_folders) and nothing of the run is trusted. What the verifier leaves running is stopped
     before its files are read."""
     # What changes from here on, by another than the verifier, changed while it ran. No margin: a change made
