@@ -39,12 +39,31 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+_LOG_DIRS: list = []  # the replicas' log folders, shown with any failure (they go with the test's temporary folder)
+LOG_TAIL_CHARS = 3000
+
+
 @pytest.fixture(scope="session")
 def fleet(model_dir, tmp_path_factory):
     """Two replicas on the CPU, one core each, started once for the session."""
     from vllm_support import launch  # after the check above: it imports torch
 
-    fleet = launch(model_dir, tmp_path_factory.mktemp("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
+    log_dir = tmp_path_factory.mktemp("fleet-logs")
+    _LOG_DIRS.append(log_dir)
+    fleet = launch(model_dir, log_dir, dp=2, engine_args=("--max-model-len", "8192"))
     print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
     yield fleet
     fleet.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the end of each replica's log: a replica that died says why only there."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for log_dir in _LOG_DIRS:
+        for log in sorted(log_dir.glob("*.log")) + sorted(log_dir.glob("*.err")):
+            report.sections.append((f"{log.name} (last {LOG_TAIL_CHARS} characters)",
+                                    log.read_text(errors="replace")[-LOG_TAIL_CHARS:]))  # fmt: skip
