@@ -25,12 +25,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import docker
 import ray
+from host import cpu_s, rss_mb, shim_pids
 from ray.cluster_utils import Cluster
-from timing import timed
+from timing import pct, timed
 
 from terminus_env.env import TerminusEnv
 from terminus_env.rollout import RolloutRunner
@@ -44,12 +44,6 @@ STEP = (
     '<commands><keystrokes duration="1.0">echo hi\n</keystrokes></commands></response>'
 )
 BATCH_TASKS = ["hello-world", "ipv4-regex", "find-large-files", "fix-permissions"]
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float) -> str:
@@ -58,19 +52,6 @@ def ms(seconds: float) -> str:
 
 def row(label: str, *cells: str) -> None:
     print(f"  {label:<50}" + "  ".join(f"{cell:>20}" for cell in cells), flush=True)
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # ----- 1. placement -------------------------------------------------------------------------------------------
@@ -189,21 +170,6 @@ async def wait_gone(pid: int, limit_s: float = 60) -> float:
 
 
 # ----- 5. density ---------------------------------------------------------------------------------------------
-def shim_pids(container_ids: list[str]) -> list[int]:
-    """The containerd shims of these containers (one per container on Docker 20.10)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "containerd-shim" in cmdline and any(cid in cmdline for cid in container_ids):
-            found.append(int(entry.name))
-    return found
-
-
 def container_cpu_and_memory(client: docker.DockerClient, container_ids: list[str]) -> tuple[float, float]:
     """(CPU seconds so far, memory MB without page cache), summed over the containers."""
     cpu = memory = 0.0

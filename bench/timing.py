@@ -14,3 +14,9 @@ async def timed(action: Callable[[], Awaitable[object]], repeat: int) -> list[fl
         await action()
         times.append(time.perf_counter() - started)
     return times
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -72,7 +73,7 @@ def test_placement_prefers_the_image_then_spreads_and_needs_a_free_slot() -> Non
 def test_errors_cross_the_wire_with_their_type_and_fields() -> None:
     disk = error_from_wire(error_to_wire(DiskLimitExceeded(120.5, 100)))
     assert isinstance(disk, DiskLimitExceeded) and (disk.used_mb, disk.limit_mb) == (120.5, 100)
-    assert "over the task's storage limit of 100 MB" in str(disk)
+    assert "the task's storage limit is 100 MB" in str(disk)
     build = error_from_wire(error_to_wire(ImageBuildError("t", "exit 3", "last line")))
     assert isinstance(build, ImageBuildError) and build.log_tail == "last line" and "exit 3" in str(build)
     other = error_from_wire(error_to_wire(KeyError("x")))
@@ -201,6 +202,30 @@ def test_placement_follows_slots_and_image_locality(nodes: TwoNodes, run: Runner
     assert placed[0] == placed[1] and placed[2] == placed[3] != placed[0]
     assert used == [SLOTS, SLOTS]
     assert built.strip() == "fleet-one" and images[0].startswith("terminus-env/task-fleet-one:")
+
+
+def test_hosts_keep_warm_sandboxes_so_a_start_is_a_take(nodes: TwoNodes, run: Runner, tiny_task_dir: Path) -> None:
+    task = load_task(tiny_task_dir)
+
+    async def scenario() -> tuple[int, bool, str, int, list[int]]:
+        async with pool_of(dataclasses.replace(QUICK, warm_per_spec=1)) as pool:
+            spec = task.sandbox_spec(await pool.build_image(task.build_context, task.name, 300))
+            first = await pool.acquire(spec)  # a cold start; its host then starts one warm for the spec
+            warm = await pool.wait_warm()
+            existing = set(containers_of_pid(first.host.info.pid))
+            second = await pool.acquire(spec)  # the host with the image, and a warm sandbox of the spec
+            await second.terminal.send("echo from-warm\n", 5)
+            text = (await second.terminal.capture_new()).text
+            refilled = await pool.wait_warm()
+            pids = host_pids(pool)
+            for sandbox in (first, second):
+                await pool.release(sandbox)
+            return warm, second.id in existing, text, refilled, pids
+
+    warm, taken, text, refilled, pids = run(scenario())
+    assert warm == 1 and taken, "the second sandbox was started before it was asked for"
+    assert "from-warm" in text and refilled == 1
+    assert wait_for_no_containers(pids, 30) == [], "the pool's close removes the warm sandboxes too"
 
 
 def test_a_killed_host_ends_only_its_episodes_as_env_error(nodes: TwoNodes, run: Runner, tiny_task_dir: Path) -> None:

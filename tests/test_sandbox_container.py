@@ -215,6 +215,30 @@ def test_pool_gives_warm_sandboxes_and_removes_everything(run: Runner, client: d
     assert not set(ids) & set(containers_of_pid(os.getpid()))
 
 
+def test_pool_caps_its_warm_sandboxes_and_the_latest_spec_takes_the_place(
+    run: Runner, client: docker.DockerClient
+) -> None:
+    other = SandboxSpec(SPEC.image, memory_mb=1024)
+
+    async def scenario() -> tuple[list[int], str, list[str]]:
+        async with SandboxPool(warm_per_spec=1, max_warm=1) as pool:
+            await pool.release(await pool.acquire(SPEC))
+            await pool.wait_warm()
+            counts = [pool.warm_count(SPEC)]
+            evicted = pool._warm[SPEC][0].id
+            await pool.release(await pool.acquire(other))  # the cap is 1: SPEC's warm sandbox gives way
+            await pool.wait_warm()
+            counts += [pool.warm_count(SPEC), pool.warm_count(other), pool.warm_total]
+            deadline = time.monotonic() + 30
+            while evicted in containers_of_pid(os.getpid()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            return counts, evicted, containers_of_pid(os.getpid())
+
+    counts, evicted, left = run(scenario())
+    assert counts == [1, 0, 1, 1]
+    assert evicted not in left
+
+
 _OWNER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, time

@@ -59,12 +59,13 @@ class ResourcesExhausted(AgentCaused):
 
 
 class DiskLimitExceeded(AgentCaused):
-    """The agent wrote more than the task's ``storage_mb`` into the container."""
+    """The agent wrote more than the task's ``storage_mb`` into the container, or filled it where the engine
+    enforces the limit itself."""
 
     def __init__(self, used_mb: float, limit_mb: int) -> None:
         self.used_mb = used_mb
         self.limit_mb = limit_mb
         super().__init__(
-            f"the sandbox's writable layer reached {used_mb:.0f} MB, over the task's storage limit of {limit_mb} MB; "
+            f"the sandbox's writable layer reached {used_mb:.0f} MB, and the task's storage limit is {limit_mb} MB; "
             "the agent's processes were stopped"
         )

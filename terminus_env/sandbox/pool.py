@@ -14,14 +14,23 @@ from terminus_env.sandbox.spec import SandboxSpec
 
 
 class SandboxPool:
-    """Keeps ``warm_per_spec`` started sandboxes per spec; owns every sandbox it starts until released."""
+    """Keeps ``warm_per_spec`` started sandboxes per spec; owns every sandbox it starts until released.
 
-    def __init__(self, warm_per_spec: int = 1, *, client: docker.DockerClient | None = None) -> None:
+    ``max_warm`` caps the warm sandboxes of all specs together (None: no cap): a spec acquired now takes the places
+    of the specs acquired longest ago, so a pool that sees many tasks does not keep a warm container for each.
+    """
+
+    def __init__(
+        self, warm_per_spec: int = 1, *, client: docker.DockerClient | None = None, max_warm: int | None = None
+    ) -> None:
         if warm_per_spec < 0:
             raise ValueError("warm_per_spec must be 0 or more")
+        if max_warm is not None and max_warm < 0:
+            raise ValueError("max_warm must be 0 or more (or None: no cap)")
         self._warm_per_spec = warm_per_spec
+        self._max_warm = max_warm
         self._client = client
-        self._warm: dict[SandboxSpec, list[Sandbox]] = {}
+        self._warm: dict[SandboxSpec, list[Sandbox]] = {}  # in the order the specs were last acquired
         self._filling: dict[SandboxSpec, set[asyncio.Task[None]]] = {}
         self._in_use: set[Sandbox] = set()
         self._removals: set[asyncio.Task[None]] = set()
@@ -35,6 +44,7 @@ class SandboxPool:
         if self._closed:
             raise SandboxError("this SandboxPool is closed; create a new one")
         sandbox = self._take_warm(spec)
+        self._warm[spec] = self._warm.pop(spec, [])  # the most recently acquired spec goes last
         self._refill(spec)
         if sandbox is None:
             sandbox = await Sandbox.start(spec, client=self._client)
@@ -69,6 +79,11 @@ class SandboxPool:
     def warm_count(self, spec: SandboxSpec) -> int:
         return len(self._warm.get(spec, []))
 
+    @property
+    def warm_total(self) -> int:
+        """Warm sandboxes of every spec."""
+        return sum(len(warm) for warm in self._warm.values())
+
     async def wait_warm(self) -> None:
         """Wait until the background starts now running have finished (for benchmarks and tests)."""
         await asyncio.gather(*(task for tasks in self._filling.values() for task in tasks), return_exceptions=True)
@@ -90,10 +105,24 @@ class SandboxPool:
     def _refill(self, spec: SandboxSpec) -> None:
         filling = self._filling.setdefault(spec, set())
         missing = self._warm_per_spec - len(self._warm.get(spec, [])) - len(filling)
+        if self._max_warm is not None and missing > 0:
+            missing = min(missing, self._make_room(spec, missing, self._max_warm))
         for _ in range(max(missing, 0)):
             task = asyncio.get_running_loop().create_task(self._fill(spec))
             filling.add(task)
             task.add_done_callback(filling.discard)
+
+    def _make_room(self, spec: SandboxSpec, wanted: int, cap: int) -> int:
+        """Free up to ``wanted`` warm places for ``spec`` under ``cap``, removing the warm sandboxes of the specs
+        acquired longest ago; returns how many places there are."""
+        held = sum(len(warm) for warm in self._warm.values()) + sum(len(tasks) for tasks in self._filling.values())
+        for other in list(self._warm):
+            if cap - held >= wanted or other == spec:
+                break
+            while self._warm[other] and cap - held < wanted:
+                self._remove_in_background(self._warm[other].pop())
+                held -= 1
+        return max(cap - held, 0)
 
     async def _fill(self, spec: SandboxSpec) -> None:
         try:

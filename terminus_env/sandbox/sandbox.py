@@ -7,10 +7,11 @@ container's main process (daemon.py, ``main``) splits it into the agent's side a
 image's ENTRYPOINT runs, on the agent's side, with the keep-alive command. Removed on close, at exit, on SIGTERM,
 when the owner dies (the daemon sees its channel close) and, failing all that, by the reaper.
 
-Disk: where the storage driver can enforce a size (overlay2 on xfs with pquota, and others), the task's
-``storage_mb`` is a hard limit on the writable layer. Elsewhere a watchdog measures the layer every
-``DISK_POLL_S`` and stops the agent's processes once it is over; each file the agent writes is capped at the limit
-too (RLIMIT_FSIZE). Writes to tmpfs mounts count against the container's memory, not the disk.
+Disk: the process's watch of the engine (disk.py) measures every sandbox's writable layer each ``DISK_POLL_S``,
+all at once, and the sandbox stops the agent's processes once its layer broke the task's ``storage_mb``. Where the
+storage driver enforces a size (overlay2 on xfs with pquota, and others) the layer also gets a hard limit just above
+``storage_mb`` (disk.py says why). Each file the agent writes is capped at the limit too (RLIMIT_FSIZE).
+Writes to tmpfs mounts count against the container's memory, not the disk.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import io
 import math
 import tarfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -32,6 +34,7 @@ from docker.types import LogConfig
 
 from terminus_env.sandbox.channel import CODE_VARIABLE, DAEMON_SOURCE, LOG_PREFIX, MAIN_COMMAND, Channel
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
+from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.owner import Owner, new_run_id
@@ -47,10 +50,10 @@ __all__ = ["ExecResult", "Sandbox", "Terminal", "TerminalOutput", "VerifierRun"]
 EXEC_OUTPUT_LIMIT = 1_000_000
 HANDOVER_S = 60.0
 """How long an image's ENTRYPOINT may take to hand over to the keep-alive command before the start fails."""
-DISK_POLL_S = 1.0
 _GRACE_S = 30.0  # how much longer than a command's own timeout the host waits for the daemon
 _MB = 1024 * 1024
-_storage_limits: dict[str, bool] = {}  # per engine: can it enforce a writable layer's size?
+_storage_limits: dict[str, bool] = {}  # per engine (its ID): can it enforce a writable layer's size?
+_engine_infos: weakref.WeakKeyDictionary[docker.DockerClient, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -80,7 +83,7 @@ class Sandbox:
 
     def __init__(
         self, spec: SandboxSpec, client: docker.DockerClient, container_id: str, channel: Channel,
-        terminal: Terminal, user: str | None, disk_enforced: bool, services: EpisodeServices | None = None,
+        terminal: Terminal, user: str | None, layer: Layer, services: EpisodeServices | None = None,
         workdir: str | None = None,
     ) -> None:  # fmt: skip
         self.spec = spec
@@ -94,7 +97,11 @@ class Sandbox:
         self._user = user
         self._closed = False
         self._violation: DiskLimitExceeded | None = None
-        self._disk_watch = None if disk_enforced else asyncio.get_running_loop().create_task(self._watch_disk())
+        self._stopping: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._layer = layer
+        self._disk = disk_watch(client, layer.engine)
+        self._disk.add(layer, self._on_disk_over)
 
     @classmethod
     async def start(cls, spec: SandboxSpec, *, client: docker.DockerClient | None = None) -> Sandbox:
@@ -119,7 +126,7 @@ class Sandbox:
     ) -> Sandbox:
         creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec, run, services))
         try:
-            container_id, image, disk_enforced = await asyncio.shield(creating)
+            container_id, image, layer = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
             creating.add_done_callback(
                 lambda done: done.cancelled() or done.exception() or _discard(client, done.result()[0])
@@ -128,9 +135,7 @@ class Sandbox:
         try:
             user = spec.user or image.user or None
             workdir = spec.workdir or image.workdir or None
-            channel, handover = await Channel.open(
-                client, container_id, HANDOVER_S, 0 if disk_enforced else spec.effective_storage_mb * _MB
-            )
+            channel, handover = await Channel.open(client, container_id, HANDOVER_S, spec.effective_storage_mb * _MB)
             if handover != "ready":
                 await channel.close()
                 raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
@@ -138,7 +143,7 @@ class Sandbox:
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
             raise
-        return cls(spec, client, container_id, channel, terminal, user, disk_enforced, services, workdir)
+        return cls(spec, client, container_id, channel, terminal, user, layer, services, workdir)
 
     async def exec(
         self, cmd: str, timeout: float, *, user: str | None = None, env: Mapping[str, str] | None = None,
@@ -222,13 +227,22 @@ class Sandbox:
 
     @property
     def violation(self) -> DiskLimitExceeded | None:
-        """The limit the agent broke, once the watchdog has seen it (the agent's processes are stopped by then)."""
+        """The limit the agent broke, once the disk watch has seen it (its processes are being stopped by then)."""
         return self._violation
 
     async def check_disk(self) -> DiskLimitExceeded | None:
-        """Measure the writable layer now (before grading: the watchdog only looks every DISK_POLL_S)."""
-        if self._violation is None and self._disk_watch is not None:
-            await self._judge_disk(await asyncio.to_thread(self._disk_used_mb))
+        """Measure the writable layer now (before grading: the watch only looks every DISK_POLL_S)."""
+        if self._violation is None and not self._closed:
+            try:
+                used = await asyncio.to_thread(self._disk.measure, self._layer)
+            except (DockerException, OSError) as exc:
+                raise SandboxError(f"cannot measure sandbox {self.id[:12]}'s disk use: {exc}") from exc
+            if used is None:
+                raise SandboxLost(f"container {self.id[:12]} is gone")
+            if over_limit(used, self._layer.limit_mb):
+                self._disk_over(used / _MB)
+        if self._stopping is not None:
+            await asyncio.gather(self._stopping, return_exceptions=True)
         return self._violation
 
     async def close(self) -> None:
@@ -236,9 +250,10 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
-        if self._disk_watch is not None:
-            self._disk_watch.cancel()
-            await asyncio.gather(self._disk_watch, return_exceptions=True)
+        self._disk.remove(self.id)
+        if self._stopping is not None:
+            self._stopping.cancel()
+            await asyncio.gather(self._stopping, return_exceptions=True)
         try:
             await asyncio.to_thread(_discard, self._client, self.id)
         finally:
@@ -276,30 +291,25 @@ class Sandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _watch_disk(self) -> None:
-        while self._violation is None:
-            try:
-                used = await asyncio.to_thread(self._disk_used_mb)
-            except (DockerException, SandboxLost):
-                return  # the container is gone; the channel reports it
-            await self._judge_disk(used)
-            await asyncio.sleep(DISK_POLL_S)
+    def _on_disk_over(self, used_mb: float) -> None:
+        """The disk watch's report, from its thread: handled on this sandbox's loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._disk_over, used_mb)
+        except RuntimeError:
+            pass  # the loop is closed: so is this sandbox, and its container goes with its channel
 
-    async def _judge_disk(self, used_mb: float) -> None:
-        limit = self.spec.effective_storage_mb
-        if used_mb <= limit or self._violation is not None:
+    def _disk_over(self, used_mb: float) -> None:
+        if self._violation is not None or self._closed:
             return
-        self._violation = DiskLimitExceeded(used_mb, limit)
+        self._violation = DiskLimitExceeded(used_mb, self._layer.limit_mb)
+        self._disk.remove(self.id)
+        self._stopping = self._loop.create_task(self._stop_after_violation())
+
+    async def _stop_after_violation(self) -> None:
         try:
             await self.stop_agent()
         except SandboxError:
             pass  # the container went away meanwhile: nothing is left to stop
-
-    def _disk_used_mb(self) -> float:
-        found = self._client.api.containers(all=True, size=True, filters={"id": self.id})
-        if not found:
-            raise SandboxLost(f"container {self.id[:12]} is gone")
-        return (found[0].get("SizeRw") or 0) / _MB
 
     def _put_archive(self, data: bytes) -> None:
         try:
@@ -334,9 +344,9 @@ class _ImageDefaults:
 
 def _create(
     client: docker.DockerClient, spec: SandboxSpec, run: str, services: EpisodeServices | None
-) -> tuple[str, _ImageDefaults, bool]:
+) -> tuple[str, _ImageDefaults, Layer]:
     """Create and start the container (on the services' network, if any); returns its id, the image's default
-    user and working folder, and whether the engine enforces the storage limit itself."""
+    user and working folder, and its writable layer as the disk watch measures it."""
     try:
         config = client.api.inspect_image(spec.image).get("Config") or {}
     except ImageNotFound as exc:
@@ -345,6 +355,8 @@ def _create(
         ) from exc
     except APIError as exc:
         raise SandboxError(f"cannot inspect image {spec.image!r}: {exc.explanation or exc}") from exc
+    info = _engine_info(client)
+    engine = info.get("ID") or client.api.base_url  # base_url alone is the same for every engine on a unix socket
     lifetime = str(math.ceil(spec.lifetime_s))
     file_limit = str(spec.effective_storage_mb * _MB)
     options: dict[str, Any] = dict(
@@ -360,7 +372,7 @@ def _create(
         labels=Owner.current().labels(run),
         cap_drop=["ALL"],
         cap_add=[*spec.capabilities, *DAEMON_CAPABILITIES],
-        security_opt=_security_options(client),
+        security_opt=_security_options(info),
         pids_limit=spec.pids_limit,
         mem_limit=f"{spec.effective_memory_mb}m",
         memswap_limit=f"{spec.effective_memory_mb}m",
@@ -376,12 +388,12 @@ def _create(
         options.update(services.main_options())
     else:
         options["network_mode"] = None if spec.allow_internet else "none"
-    engine = client.api.base_url
     enforced = _storage_limits.get(engine, True)
     container = None
     if enforced:
         try:
-            container = _create_container(client, spec, options, {"size": f"{spec.effective_storage_mb}M"})
+            size = f"{spec.effective_storage_mb + HARD_LIMIT_HEADROOM_MB}M"
+            container = _create_container(client, spec, options, {"size": size})
         except SandboxError as exc:
             if "storage" not in str(exc).lower():
                 raise
@@ -394,7 +406,9 @@ def _create(
     except APIError as exc:
         _discard(client, container.id)
         raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
-    return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), enforced
+    upper_dir = ((container.attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+    layer = Layer(container.id, engine, spec.effective_storage_mb, enforced, readable_layer(upper_dir))
+    return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), layer
 
 
 def _create_container(
@@ -406,15 +420,26 @@ def _create_container(
         raise SandboxError(f"cannot create a container from {spec.image!r}: {exc.explanation or exc}") from exc
 
 
-def _security_options(client: docker.DockerClient) -> list[str]:
+def _engine_info(client: docker.DockerClient) -> dict[str, Any]:
+    """What the engine says about itself (``docker info``), asked once per client: the call costs ~17 ms of a start
+    here, more with many containers, and what a start reads of it (the engine's ID, its security options) does not
+    change. Empty when the engine does not say (asked again next time)."""
+    info = _engine_infos.get(client)
+    if info is None:
+        try:
+            info = client.info()
+        except DockerException:
+            return {}
+        _engine_infos[client] = info
+    return info
+
+
+def _security_options(info: dict[str, Any]) -> list[str]:
     """no-new-privileges; and where the engine confines containers with AppArmor, no AppArmor profile: Docker's
     default profile forbids the mounts that split the container, and the agent's side gets no CAP_SYS_ADMIN and
     Docker's seccomp rules for a container without it, whatever the profile."""
     options = ["no-new-privileges"]
-    try:
-        security = client.info().get("SecurityOptions") or []
-    except DockerException:
-        security = []
+    security = info.get("SecurityOptions") or []
     if any("apparmor" in str(option) for option in security):
         options.append("apparmor=unconfined")
     return options

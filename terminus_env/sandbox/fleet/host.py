@@ -2,7 +2,9 @@
 
 It starts them from a spec (building the task's image here first when this node lacks it), runs each terminal
 operation, command and verifier run as one call, closes them, and runs the reaper when it starts. Each sandbox is
-an ordinary local :class:`Sandbox` on this node, so the speed and the security of a local sandbox hold here.
+an ordinary local :class:`Sandbox` on this node, so the speed and the security of a local sandbox hold here. With
+``warm_per_spec``, a local :class:`SandboxPool` keeps that many started per spec, so a burst of starts is a burst of
+takes (outside the host's slots, ``max_warm`` of them at most).
 
 Its containers' owner is this actor's worker process: when that process dies, SIGKILL included, the kernel closes
 its control channels and each container's daemon stops its container (see daemon.py). The class needs no Ray; the
@@ -29,6 +31,7 @@ from terminus_env.sandbox.errors import SandboxError, SandboxLost
 from terminus_env.sandbox.fleet.placement import HostLimits, host_slots
 from terminus_env.sandbox.fleet.wire import Answer, HostInfo, ImageSource, SandboxState, Started, error_to_wire
 from terminus_env.sandbox.images import ensure_image
+from terminus_env.sandbox.pool import SandboxPool
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.sandbox import Sandbox
 from terminus_env.sandbox.spec import SandboxSpec
@@ -42,9 +45,13 @@ same cores, so it asks for the default niceness back, where the node lets it (ro
 class SandboxHost:
     """One node's sandboxes; every method but ``describe`` and ``ping`` answers with an :class:`Answer`."""
 
-    def __init__(self, node_id: str, offered: float, limits: HostLimits) -> None:
+    def __init__(
+        self, node_id: str, offered: float, limits: HostLimits, warm_per_spec: int = 0, max_warm: int = 0
+    ) -> None:
         self._node_id = node_id
         self._slots = host_slots(offered, _cpus(), _memory_mb(), limits)
+        self._warm = (warm_per_spec, max_warm)
+        self._pool: SandboxPool | None = None  # made with the engine's client
         self._client: docker.DockerClient | None = None
         self._connecting = asyncio.Lock()
         self._sandboxes: dict[str, Sandbox] = {}
@@ -76,7 +83,7 @@ class SandboxHost:
         try:
             client = await self._docker()
             image = spec.image if source is None else await self._image(source, client)
-            sandbox = await Sandbox.start(replace(spec, image=image), client=client)
+            sandbox = await self._local_pool(client).acquire(replace(spec, image=image))
         except SandboxError as exc:
             return Answer(error=error_to_wire(exc))
         finally:
@@ -129,14 +136,25 @@ class SandboxHost:
         """Remove the sandbox's container; closing one that is gone already is fine."""
         sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is not None:
-            await sandbox.close()
+            await sandbox.close()  # before answering: the pool frees the slot once the container is gone
+            if self._pool is not None:
+                await self._pool.release(sandbox)  # the warm pool forgets it (closing it again does nothing)
         return Answer(state=SandboxState(alive=False))
 
     async def close_all(self) -> int:
-        """Remove every container of this host (the pool closes); returns how many there were."""
+        """Remove every container of this host, warm ones too (the pool closes); returns how many were in use."""
         sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
         await asyncio.gather(*(sandbox.close() for sandbox in sandboxes), return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.aclose()
         return len(sandboxes)
+
+    async def wait_warm(self) -> int:
+        """Wait for the warm starts now running; returns how many warm sandboxes this host holds."""
+        if self._pool is None:
+            return 0
+        await self._pool.wait_warm()
+        return self._pool.warm_total
 
     async def _on(self, sandbox_id: str, operation: Callable[[Sandbox], Awaitable[Any]]) -> Answer:
         sandbox = self._sandboxes.get(sandbox_id)
@@ -159,6 +177,13 @@ class SandboxHost:
                     await asyncio.to_thread(reap, False, client)
                 self._client = client
         return self._client
+
+    def _local_pool(self, client: docker.DockerClient) -> SandboxPool:
+        """The pool this host starts its sandboxes from: warm ones per spec, if ``warm_per_spec``."""
+        if self._pool is None:
+            warm_per_spec, max_warm = self._warm
+            self._pool = SandboxPool(warm_per_spec, client=client, max_warm=max_warm)
+        return self._pool
 
     async def _image(self, source: ImageSource, client: docker.DockerClient) -> str:
         """The tag of ``source`` built here: built once per host, however many sandboxes ask at once."""

@@ -22,9 +22,10 @@ class HostLimits:
 
     sandboxes_per_cpu: float = 4.0
     memory_mb_per_sandbox: int = 512
-    max_sandboxes: int = 64
-    """One host actor is one Python process: where the disk watchdog runs (no enforced storage size), each sandbox
-    costs it about 12 ms of CPU per second, so one core serves about 80 (docs/notes/fleet.md)."""
+    max_sandboxes: int = 256
+    """One host actor is one Python process. An idle sandbox costs it about 0.3 ms of CPU per second (the disk
+    watch's walk) and a step about 4 ms, so at a step per 10 s one core serves well over 256; the bound is there so
+    that one host's loss costs at most this many episodes (docs/notes/fleet.md)."""
 
     def __post_init__(self) -> None:
         if not self.sandboxes_per_cpu > 0:

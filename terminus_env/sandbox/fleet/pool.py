@@ -59,11 +59,19 @@ class FleetConfig:
     """How long ``acquire`` waits for a free slot when every host is full."""
     runtime_env: Mapping[str, Any] | None = None
     """Ray's runtime environment for the host actors, when nodes lack terminus-env (e.g. ``py_modules``)."""
+    warm_per_spec: int = 0
+    """Sandboxes each host keeps started per spec it has started (as ``SandboxPool(warm_per_spec)``), so a batch's
+    burst of starts of one spec is a burst of takes. They wait outside the host's slots."""
+    max_warm: int = 64
+    """The most warm sandboxes one host keeps, of all specs together (the specs acquired longest ago give way)."""
 
     def __post_init__(self) -> None:
         for name in ("ping_interval_s", "ping_timeout_s", "refresh_s", "host_start_s", "slot_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"FleetConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("warm_per_spec", "max_warm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"FleetConfig.{name} must be 0 or more, got {getattr(self, name)}")
 
     @property
     def loss_bound_s(self) -> float:
@@ -191,6 +199,13 @@ class RaySandboxPool:
         """The sandboxes acquired and not yet released."""
         return list(self._in_use)
 
+    async def wait_warm(self) -> int:
+        """Wait until every host's warm starts now running have finished; returns the warm sandboxes held in all
+        (for benchmarks and tests)."""
+        await self.start()
+        counts = await asyncio.gather(*(link.call("wait_warm", START_S) for link in self._hosts.values()))
+        return sum(counts)
+
     def describe(self) -> list[tuple[HostInfo, int, set[str]]]:
         """Each live host, its slots in use and the images it has or builds (for logs and tests)."""
         return [(link.info, link.load.used, set(link.load.images)) for link in self._hosts.values()]
@@ -216,7 +231,7 @@ class RaySandboxPool:
             num_cpus=0, resources={RESOURCE: offered}, max_restarts=0, max_concurrency=HOST_CALLS,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             **({"runtime_env": dict(self._config.runtime_env)} if self._config.runtime_env else {}),
-        ).remote(node_id, offered, self._config.limits)  # fmt: skip
+        ).remote(node_id, offered, self._config.limits, self._config.warm_per_spec, self._config.max_warm)  # fmt: skip
         try:
             described = await asyncio.wait_for(handle.describe.remote(), self._config.host_start_s)
         except asyncio.CancelledError:

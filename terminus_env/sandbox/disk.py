@@ -1,0 +1,266 @@
+"""The disk limit's watch: one thread per Docker engine measures the writable layers of every sandbox this process
+holds there, all at once, every ``DISK_POLL_S``.
+
+Asking Docker for each sandbox's size every second cost about 6 ms of host CPU per idle sandbox per second (this
+process and dockerd together; docs/notes/fleet.md). Here a round reads the layers' upper folders directly, where this
+process can (a local engine, and the right to read its data root), and asks Docker nothing; the layers it cannot read
+cost one ``containers(size=True)`` call per round for all of them. Both count what Docker's ``SizeRw`` counts: the
+sizes of the layer's files, each hard-linked file once.
+
+Where the engine enforces a size (overlay2 on xfs with ``pquota``, see ``scripts/sandbox-host-xfs.sh``), each layer
+gets a hard limit ``HARD_LIMIT_HEADROOM_MB`` above ``storage_mb``: the agent's writes stop there, yet a layer can be
+seen past ``storage_mb`` and is judged as on any other engine, and one file up to the limit still meets the per-file
+cap first. There the kernel keeps the count: one ``statvfs`` of the layer reads its project quota's use, whatever the
+layer holds (files deleted while held open included).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import docker
+from docker.errors import DockerException
+
+from terminus_env.sandbox.owner import LABEL, PID_LABEL
+
+DISK_POLL_S = 1.0
+HARD_LIMIT_HEADROOM_MB = 1
+"""Where the engine enforces sizes: how far above ``storage_mb`` a layer's hard limit is."""
+MAX_DEPTH = 256
+"""The deepest folder a walk of a layer opens; a deeper layer is measured by Docker instead (one fd per level)."""
+_MB = 1024 * 1024
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One sandbox's writable layer, as the watch measures it."""
+
+    container_id: str
+    engine: str
+    """The engine's ID (``docker info``): the watch it belongs to."""
+    limit_mb: int
+    enforced: bool
+    """Whether the engine holds the layer to a hard limit (``limit_mb + HARD_LIMIT_HEADROOM_MB``)."""
+    upper_dir: str | None
+    """The layer's folder on this machine, as Docker reports it (overlay2's UpperDir); None: only Docker can tell."""
+
+
+def over_limit(used_bytes: int, limit_mb: int) -> bool:
+    """Whether a layer of ``used_bytes`` broke its limit of ``limit_mb``."""
+    return used_bytes > limit_mb * _MB
+
+
+OnOver = Callable[[float], None]
+"""Called once, from the watch's thread, with the MB a layer used when it broke its limit."""
+
+
+class DiskWatch:
+    """The layers of this process's sandboxes on one engine; a thread measures them while there are any."""
+
+    def __init__(self, client: docker.DockerClient, interval_s: float = DISK_POLL_S) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._layers: dict[str, tuple[Layer, OnOver]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, layer: Layer, on_over: OnOver) -> None:
+        """Watch ``layer`` until it breaks its limit (``on_over`` is called, once) or is removed."""
+        with self._lock:
+            self._layers[layer.container_id] = (layer, on_over)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="terminus-env-disk-watch", daemon=True)
+                self._thread.start()
+
+    def remove(self, container_id: str) -> None:
+        with self._lock:
+            self._layers.pop(container_id, None)
+
+    @property
+    def watched(self) -> int:
+        with self._lock:
+            return len(self._layers)
+
+    def measure(self, layer: Layer) -> int | None:
+        """The bytes ``layer`` holds now (blocking), or None when its container is gone. Raises DockerException (or
+        OSError) when Docker had to be asked and did not answer."""
+        used, ask = _measure_here([layer])
+        if ask:
+            used = _engine_sizes(self._client, ask)
+        return used.get(layer.container_id)
+
+    def measure_all(self, layers: list[Layer]) -> dict[str, int]:
+        """Bytes per container id, for the layers that still exist: walked where this process can, one call to
+        Docker for the rest (their sizes are left out when it does not answer: the next round asks again)."""
+        used, ask = _measure_here(layers)
+        if ask:
+            try:
+                sizes = _engine_sizes(self._client, ask)
+            except (DockerException, OSError):
+                sizes = {}
+            used.update((container_id, sizes[container_id]) for container_id in ask if container_id in sizes)
+        return used
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                watched = dict(self._layers)
+                if not watched:
+                    self._thread = None
+                    return
+            for container_id, size in self.measure_all([layer for layer, _ in watched.values()]).items():
+                layer, on_over = watched[container_id]
+                if over_limit(size, layer.limit_mb):
+                    with self._lock:
+                        reported = self._layers.pop(container_id, None) is not None
+                    if reported:
+                        on_over(size / _MB)
+            time.sleep(self._interval_s)
+
+
+_watches: dict[tuple[int, str], DiskWatch] = {}
+_watches_lock = threading.Lock()
+
+
+def disk_watch(client: docker.DockerClient, engine: str) -> DiskWatch:
+    """This process's watch of the engine ``engine`` (its ID), which ``client`` talks to; a forked child gets its
+    own. The first client of an engine serves the watch's calls to it."""
+    key = (os.getpid(), engine)
+    with _watches_lock:
+        watch = _watches.get(key)
+        if watch is None:
+            watch = _watches[key] = DiskWatch(client)
+        return watch
+
+
+def _engine_sizes(client: docker.DockerClient, container_ids: list[str]) -> dict[str, int]:
+    """SizeRw of the containers: one call, for one of them or for every sandbox this process owns there."""
+    if len(container_ids) == 1:
+        filters: dict[str, object] = {"id": container_ids}
+    else:
+        filters = {"label": [LABEL, f"{PID_LABEL}={os.getpid()}"]}
+    found = client.api.containers(all=True, size=True, filters=filters)
+    return {entry["Id"]: entry.get("SizeRw") or 0 for entry in found}
+
+
+def readable_layer(upper_dir: str | None) -> str | None:
+    """``upper_dir`` if this process can walk it (a local engine, and the right to read its data root), else None."""
+    if not upper_dir:
+        return None
+    try:
+        os.close(os.open(upper_dir, _OPEN_DIR))
+    except OSError:
+        return None
+    return upper_dir
+
+
+def _measure_here(layers: list[Layer]) -> tuple[dict[str, int], list[str]]:
+    """Bytes per container id of the layers this machine can measure (gone ones left out), and the ids of the
+    layers only Docker can measure."""
+    used: dict[str, int] = {}
+    ask: list[str] = []
+    for layer in layers:
+        try:
+            size = _local_use(layer)
+        except FileNotFoundError:
+            continue  # the container is gone with its layer; its channel says so
+        if size is None:
+            ask.append(layer.container_id)
+        else:
+            used[layer.container_id] = size
+    return used, ask
+
+
+def _local_use(layer: Layer) -> int | None:
+    """The layer's use as this machine sees it: its quota's count where the kernel keeps one, else a walk; None when
+    only Docker can tell. FileNotFoundError when the layer is gone."""
+    if not layer.upper_dir:
+        return None
+    if layer.enforced:
+        used = _quota_use(layer.upper_dir, layer.limit_mb + HARD_LIMIT_HEADROOM_MB)
+        if used is not None:
+            return used
+    return _walk(layer.upper_dir)
+
+
+def _quota_use(folder: str, quota_mb: int) -> int | None:
+    """Bytes counted against ``folder``'s project quota of ``quota_mb``, where ``statvfs`` reports that quota as the
+    folder's size (xfs does, for a folder under a project quota with pquota on); None where it reports otherwise."""
+    try:
+        info = os.statvfs(folder)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None
+    if abs(info.f_blocks * info.f_frsize - quota_mb * _MB) > _MB:
+        return None  # the file system's own size: no quota of this layer's size is reported here
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+def _walk(root: str) -> int | None:
+    """The sizes of the files under ``root``, each inode once, as Docker's ``SizeRw`` counts them, never following a
+    link the agent made: each folder is opened relative to its parent, refusing links. FileNotFoundError when
+    ``root`` is gone; None when it cannot be read or is deeper than MAX_DEPTH (one open folder per level): Docker
+    measures it then."""
+    try:
+        top = os.open(root, _OPEN_DIR)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None
+    seen: set[int] = set()
+    stack: list[tuple[int, Iterator[str]]] = [(top, iter(()))]
+    try:
+        total, folders = _read_folder(top, seen)
+        stack[0] = (top, iter(folders))
+        while stack:
+            folder, pending = stack[-1]
+            name = next(pending, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            if len(stack) >= MAX_DEPTH:
+                return None
+            try:
+                child = os.open(name, _OPEN_DIR, dir_fd=folder)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue  # removed, or replaced by a file or a link, since it was listed
+                raise
+            stack.append((child, iter(())))
+            size, folders = _read_folder(child, seen)
+            total += size
+            stack[-1] = (child, iter(folders))
+    except OSError:
+        return None  # e.g. out of file descriptors
+    finally:
+        for folder, _ in stack:
+            os.close(folder)
+    return total
+
+
+def _read_folder(folder: int, seen: set[int]) -> tuple[int, list[str]]:
+    """The sizes of the files in one open folder (hard links counted once, via ``seen``), and its subfolders."""
+    size = 0
+    folders = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                folders.append(entry.name)
+            elif info.st_nlink == 1:
+                size += info.st_size
+            elif info.st_ino not in seen:
+                seen.add(info.st_ino)
+                size += info.st_size
+    return size, folders

@@ -1,0 +1,139 @@
+"""The disk watch: one thread per engine measures every sandbox's writable layer, by walking it or asking Docker.
+
+The attacks themselves (filling the disk, one huge file) are played through the env in test_attacks.py; here are the
+watch's parts: the rule, the walk (it must count what Docker counts and never follow the agent's links), and the
+two ways of measuring, each through the watch's own thread, on real containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import docker
+import pytest
+from sandbox_support import SPEC, Runner, run_fixture  # noqa: F401
+
+from terminus_env.sandbox import AgentCaused, Sandbox, disk
+from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, DiskWatch, Layer, disk_watch, over_limit
+
+MB = 1024 * 1024
+THREAD = "terminus-env-disk-watch"
+
+
+@pytest.mark.parametrize(("used_mb", "broken"), [(63.9, False), (64.0, False), (64.01, True), (65.0, True)])
+def test_a_layer_breaks_its_limit_once_past_it(used_mb: float, broken: bool) -> None:
+    """Past it, not at it; where the engine enforces a hard limit it lies HARD_LIMIT_HEADROOM_MB above, so a
+    filled layer is past the limit there too."""
+    assert over_limit(int(used_mb * MB), 64) is broken
+    assert over_limit((64 + HARD_LIMIT_HEADROOM_MB) * MB, 64)
+
+
+def test_the_walk_counts_files_once_and_never_follows_links(tmp_path: Path) -> None:
+    layer, outside = tmp_path / "layer", tmp_path / "outside"
+    (layer / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * 100_000)
+    (layer / "one").write_bytes(b"x" * 1000)
+    (layer / "a" / "b" / "two").write_bytes(b"x" * 2000)
+    os.link(layer / "one", layer / "a" / "same-as-one")  # a hard link: the same bytes, counted once
+    (layer / "to-outside").symlink_to(outside)  # a link to a folder: its size is the link's, never the folder's
+    assert disk._walk(str(layer)) == 1000 + 2000 + len(str(outside))
+    with pytest.raises(FileNotFoundError):
+        disk._walk(str(tmp_path / "gone"))
+
+
+def test_a_layer_deeper_than_the_walk_goes_is_left_to_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(disk, "MAX_DEPTH", 4)
+    deep = tmp_path.joinpath(*"abcdef")
+    deep.mkdir(parents=True)
+    assert disk._walk(str(tmp_path / "a" / "b" / "c")) == 0
+    assert disk._walk(str(tmp_path)) is None
+
+
+@pytest.fixture(scope="module")
+def sandboxes(run: Runner) -> Iterator[list[Sandbox]]:
+    async def start() -> list[Sandbox]:
+        return list(await asyncio.gather(*(Sandbox.start(SPEC) for _ in range(3))))
+
+    async def close(started: list[Sandbox]) -> None:
+        await asyncio.gather(*(sandbox.close() for sandbox in started))
+
+    started = run(start())
+    yield started
+    run(close(started))
+
+
+def test_one_thread_watches_every_sandbox_of_the_process(run: Runner, sandboxes: list[Sandbox]) -> None:
+    client = sandboxes[0]._client  # noqa: SLF001 - the engine the sandboxes run on
+    engine = client.info()["ID"]
+    assert all(sandbox._layer.engine == engine for sandbox in sandboxes)  # noqa: SLF001 - by ID: one per engine
+    watch = disk_watch(client, engine)
+    assert all(disk_watch(sandbox._client, engine) is watch for sandbox in sandboxes)  # noqa: SLF001
+    assert watch.watched >= len(sandboxes)
+    assert [thread.name for thread in threading.enumerate()].count(THREAD) == 1
+    assert all(sandbox._layer.upper_dir for sandbox in sandboxes), "a local engine, run as root: walked"  # noqa: SLF001
+
+
+def test_the_walk_counts_what_docker_counts(run: Runner, sandboxes: list[Sandbox]) -> None:
+    sandbox = sandboxes[0]
+    script = (
+        "head -c 3000000 /dev/urandom > /root/data && ln /root/data /root/again && mkdir -p /opt/x/y && "
+        "head -c 12345 /dev/zero > /opt/x/y/z && ln -s /usr /root/usr && rm -rf /etc/apt"  # a deletion: a whiteout
+    )
+    assert run(sandbox.exec(script, 30)).exit_code == 0
+    walked = disk._walk(sandbox._layer.upper_dir)  # noqa: SLF001
+    asked = disk._engine_sizes(sandbox._client, [sandbox.id])[sandbox.id]  # noqa: SLF001
+    assert walked == asked
+    assert walked >= 3_000_000 + 12_345
+
+
+@pytest.mark.parametrize("way", ["walk", "docker"])
+def test_the_watch_reports_a_layer_past_its_limit_once(run: Runner, sandboxes: list[Sandbox], way: str) -> None:
+    """Through the watch's own thread, on a real container: measured by walking its layer, or by asking Docker (an
+    engine this process cannot read)."""
+    sandbox = sandboxes[1 if way == "walk" else 2]
+    upper = sandbox._layer.upper_dir if way == "walk" else None  # noqa: SLF001
+    watch = DiskWatch(docker.from_env(), interval_s=0.2)
+    reports: list[float] = []
+    reported = threading.Event()
+
+    def on_over(used_mb: float) -> None:
+        reports.append(used_mb)
+        reported.set()
+
+    watch.add(Layer(sandbox.id, sandbox._layer.engine, 5, False, upper), on_over)  # noqa: SLF001
+    time.sleep(1)
+    assert not reported.is_set(), "an idle sandbox is far below 5 MB"
+    assert run(sandbox.exec("head -c 6000000 /dev/zero > /root/fill", 30)).exit_code == 0
+    assert reported.wait(10), f"the watch ({way}) did not see 6 MB over a 5 MB limit"
+    time.sleep(1)
+    assert len(reports) == 1 and reports[0] > 5  # past the limit when seen (maybe mid-write, on a slow machine)
+    assert watch.watched == 0  # reported once, then no longer watched: the watch's thread ends
+    deadline = time.monotonic() + 5
+    while watch._thread is not None:  # noqa: SLF001
+        assert time.monotonic() < deadline, "the watch's thread did not end with nothing to watch"
+        time.sleep(0.1)
+    run(sandbox.exec("rm -f /root/fill", 30))
+
+
+def test_check_disk_measures_now_and_stops_the_agent(run: Runner) -> None:
+    """Before grading the env asks for a measurement now, not the last round's."""
+    sandbox = run(Sandbox.start(replace(SPEC, storage_mb=8)))
+    try:
+        sandbox._disk.remove(sandbox.id)  # noqa: SLF001 - out of the watch's rounds: only check_disk measures it
+        assert run(sandbox.check_disk()) is None
+        # Past the limit in two files of 5 MB (each under the per-file cap), measured at once.
+        run(sandbox.exec("head -c 5000000 /dev/zero > /root/a; head -c 5000000 /dev/zero > /root/b", 30))
+        violation = run(sandbox.check_disk())
+        assert violation is not None and violation.limit_mb == 8 and violation.used_mb > 8
+        assert sandbox.violation is violation and "8 MB" in str(violation)
+        with pytest.raises(AgentCaused):  # the agent's side was stopped before check_disk returned
+            run(sandbox.terminal.send("echo still-here\n", 2))
+    finally:
+        run(sandbox.close())
