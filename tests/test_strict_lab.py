@@ -50,6 +50,8 @@ def test_a_rescued_rollout_that_beats_its_group_pushes_the_broken_opening_up():
     metrics = analysis.step_metrics(lenient, probe=0.1)
     assert metrics["rescued"] == 1 and metrics["rescued_won"] == 1 and metrics["broken_opening_advantage"] > 0
     assert metrics["mean_format_errors"] == 0.25 and metrics["rescued_rate"] == 0.25 and metrics["mixed_groups"] == 1
+    totals = analysis.totals([{"steps": [metrics]}])
+    assert totals["reward_after_broken_opening"] == 1.0 and totals["reward_after_clean_opening"] == pytest.approx(1 / 3)
     strict = [_row(0, 0.0, broken=True), _row(0, 1.0), _row(0, 0.0), _row(0, 1.0)]  # the same error, ended at once
     metrics = analysis.step_metrics(strict, probe=0.1)
     assert metrics["rescued"] == 0 and metrics["broken_opening_advantage"] < 0

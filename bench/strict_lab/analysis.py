@@ -61,6 +61,9 @@ def step_metrics(rows: Sequence[dict[str, Any]], probe: float | None) -> dict[st
         "rescued": len(rescued),
         "rescued_won": sum(a > 0 for a in rescued),
         "broken_openings": len(broken),
+        "broken_opening_reward": sum(r["reward"] for r, _ in scored if r["first_turn_rejected"]),
+        "clean_opening_reward": sum(r["reward"] for r, _ in scored if not r["first_turn_rejected"]),
+        "scored": len(scored),
         "mixed_groups": _mixed_groups(rows),
         "env_errors": metrics.env_errors,
         "end_reasons": metrics.end_reasons,
@@ -118,12 +121,18 @@ def window_means(runs: Sequence[dict[str, Any]], key: str, first: int, last: int
 
 
 def totals(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Over an arm's whole runs: rescued rollouts and how many beat their group, and the broken openings' push."""
+    """Over an arm's whole runs: rescued rollouts and how many beat their group, the broken openings' push, and the
+    mean reward after a rejected and after an accepted first turn (under lenient rules, the first below the second
+    means a broken opening loses its group on average, so GRPO pushes it down even there)."""
     steps = [s for run in runs for s in run["steps"]]
+    broken = sum(s["broken_openings"] for s in steps)
+    clean = sum(s["scored"] for s in steps) - broken
     return {
         "rescued": sum(s["rescued"] for s in steps),
         "rescued_won": sum(s["rescued_won"] for s in steps),
-        "broken_openings": sum(s["broken_openings"] for s in steps),
+        "broken_openings": broken,
+        "reward_after_broken_opening": sum(s["broken_opening_reward"] for s in steps) / broken if broken else None,
+        "reward_after_clean_opening": sum(s["clean_opening_reward"] for s in steps) / clean if clean else None,
         "broken_opening_advantage": sum(s["broken_opening_advantage"] for s in steps),
         "mixed_groups": sum(s["mixed_groups"] for s in steps) / len(steps) if steps else 0.0,
         "env_errors": sum(s["env_errors"] for s in steps),
