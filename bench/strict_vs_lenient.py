@@ -63,7 +63,7 @@ GPU_RECIPE: dict[str, Any] = {
 # What one GRPO step of the recipe is assumed to take (32 rollouts of up to 8 turns on two H100-class replicas, the
 # update of a 0.5B model on a third GPU): an assumption for --dry-run's estimate, not a measurement.
 GPU_STEP_S_ASSUMED = 40.0
-CPU_STEP_S_MEASURED = 66.0  # a pilot's, both arms at once on a loaded machine (docs/notes/strict-vs-lenient.md)
+CPU_STEP_S_MEASURED = 45.0  # the main run's lenient arm, both arms at once on 2 cores (docs/notes/strict-vs-lenient.md)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
