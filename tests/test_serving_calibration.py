@@ -14,14 +14,18 @@ from serving_support import SimProcesses
 TRUE = {
     "step_base_s": 0.012,
     "step_per_token_s": 4e-5,
-    "step_per_seq_s": 2e-4,
+    # Decode alone cannot tell a sequence's cost from its token's (one token per sequence a step): the per-sequence
+    # term is the decode slope less the prefill's per-token cost, so it must stand well out of the HTTP noise of a
+    # decode step. At 2e-4 (10 ms at 48 sequences) a few ms of noise on a shared machine moved it past 35 %.
+    "step_per_seq_s": 1e-3,
     "step_per_context_token_s": 2e-7,
     "step_per_token_pair_s": 5e-9,  # slow attention, so the quadratic term stands out of the HTTP noise
 }
 PROBES = calibration.Probes(prefill_prompts=(256, 1500, 3000, 4500, 6000),
                             decode_shapes=((1, 256), (24, 256), (48, 256), (1, 3000), (12, 2500)),
                             decode_outputs=(8, 104), repeats=2, overflow=1.5, overflow_output=256)
-TOLERANCE = {"step_base_s": 0.15, "step_per_token_s": 0.15, "step_per_seq_s": 0.35,
+# The per-token cost trades off against the quadratic term in the prefill probes: 8-11 % off in quiet runs.
+TOLERANCE = {"step_base_s": 0.15, "step_per_token_s": 0.25, "step_per_seq_s": 0.35,
              "step_per_context_token_s": 0.35, "step_per_token_pair_s": 0.35}
 
 
