@@ -128,7 +128,9 @@ def test_forged_control_channel_replies_earn_nothing(task):
         done
     """
     with started(task, mode="train") as env:
-        look = "pgrep -af 'terminus-daemon|import ctypes|exec(os.environ' | grep -vc pgrep; echo seen-above\n"
+        # The daemon and the relay by name, the relay by its code too (the agent's init, its side's PID 1, runs the
+        # main process's command line: it is meant to be seen).
+        look = "{ pgrep -a terminus-; pgrep -af 'import (array|ctypes)'; } | grep -vc pgrep; echo seen-above\n"
         obs, *_ = env.step(reply(look))
         assert "\n0\nseen-above" in obs, "the control daemon must be invisible from the agent's side"
         env.step(reply(background(forge)))

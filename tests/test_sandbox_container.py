@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,6 +77,17 @@ def test_no_network_by_default(run: Runner, sandbox: Sandbox) -> None:
     assert sh(run, sandbox, f'python3 -c "{probe}"').exit_code != 0
 
 
+def test_localhost_resolves_without_a_network(run: Runner, sandbox: Sandbox) -> None:
+    """A container with its network disabled gets an empty /etc/hosts from Docker; the main process writes the
+    one ``--network none`` has, so `localhost` resolves and the loopback device carries traffic."""
+    hosts = sh(run, sandbox, "cat /etc/hosts").output
+    assert hosts.startswith("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    assert "localhost" in sh(run, sandbox, "getent hosts localhost").output
+    assert sh(run, sandbox, "stat -c %a /etc/hosts").output.strip() == "644"
+    serve = "import socket; s = socket.create_server(('localhost', 0)); socket.create_connection(s.getsockname())"
+    assert sh(run, sandbox, f'python3 -c "{serve}"').exit_code == 0
+
+
 def test_allow_internet_gives_a_network_interface(run: Runner) -> None:
     for sandbox in sandbox_on(run, SandboxSpec(SPEC.image, allow_internet=True)):
         assert "eth0" in sh(run, sandbox, "ls /sys/class/net").output.split()
@@ -86,7 +98,8 @@ def test_limits_and_labels_are_set(run: Runner, limited: Sandbox, client: docker
     host = attrs["HostConfig"]
     assert host["Memory"] == host["MemorySwap"] == 96 * 1024 * 1024
     assert host["NanoCpus"] == 500_000_000 and host["PidsLimit"] == 64
-    assert host["Init"] is True and host["NetworkMode"] == "none"
+    assert host["Init"] is True and attrs["Config"]["NetworkDisabled"] is True  # loopback only, see below
+    assert not attrs["NetworkSettings"]["Networks"]
     assert "no-new-privileges" in host["SecurityOpt"]
     assert set(host["CapDrop"]) == {"ALL"} and "CHOWN" in host["CapAdd"] and "NET_RAW" not in host["CapAdd"]
     owner = Owner.from_labels(attrs["Config"]["Labels"])
@@ -125,13 +138,29 @@ def test_the_daemon_is_out_of_the_verifiers_sight_and_not_dumpable(
 ) -> None:
     """The verifier cannot even find the daemon; and in the container's first namespaces, where it lives, a process
     without CAP_SYS_PTRACE cannot open its /proc entries."""
-    probe = "pgrep -f '[t]erminus-daemon'; echo found=$?"
+    probe = "pgrep terminus-; echo found=$?"
     assert run(sandbox.verify(b"", probe, 10, user="root")).result.output.split() == ["found=1"]
-    daemons = "$(pgrep -f '[t]erminus-daemon')"
-    probe = f"for p in {daemons}; do cat /proc/$p/environ >/dev/null 2>&1 && echo y || echo no; done"
+    found = "$(pgrep -x terminus-daemon) $(pgrep -x terminus-relay)"
+    probe = f"for p in {found}; do cat /proc/$p/environ >/dev/null 2>&1 && echo y || echo no; done"
     drop = ["setpriv", "--bounding-set=-sys_admin,-sys_chroot,-setpcap,-net_admin", "bash", "-c", probe]
     result = client.containers.get(sandbox.id).exec_run(drop, user="0")
-    assert set(result.output.decode().split()) == {"no"}, result.output
+    assert result.output.decode().split() == ["no", "no"], result.output
+
+
+def test_the_daemons_channel_socket_is_out_of_reach(run: Runner, sandbox: Sandbox, client: docker.DockerClient) -> None:
+    """Connect to where the daemon took the host's channel over, to pose as the host: the agent's and the
+    verifier's sides have their own /run/terminus, and the daemon removed its socket once the relay connected."""
+    from terminus_env.sandbox.channel import CHANNEL_SOCKET
+
+    probe = (
+        f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({CHANNEL_SOCKET!r})\n    print('connected')\n"
+        "except OSError as exc:\n    print(type(exc).__name__)\n"
+    )
+    command = "python3 -c " + shlex.quote(probe)
+    assert sh(run, sandbox, command).output.strip() == "FileNotFoundError"
+    assert run(sandbox.verify(b"", command, 10, user="root")).result.output.strip() == "FileNotFoundError"
+    host_side = ["python3", "-c", probe]
+    assert client.containers.get(sandbox.id).exec_run(host_side, user="0").output.strip() == b"FileNotFoundError"
 
 
 # --- exec and files ----------------------------------------------------------------------------

@@ -171,4 +171,30 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
 def test_the_host_and_the_container_agree_on_names() -> None:
     from terminus_env.sandbox import channel, daemon
 
-    assert (channel.LOG_PREFIX, channel.CODE_VARIABLE) == (daemon.LOG_PREFIX, daemon.CODE_VARIABLE)
+    assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (daemon.LOG_PREFIX, daemon.CHANNEL_SOCKET)
+
+
+@pytest.mark.parametrize("magic, runs", [(None, "compiled"), (b"\x00\x00\r\n", "source")])
+def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(magic: bytes | None, runs: str) -> None:
+    """An image's Python of another minor version has another bytecode magic: it compiles the source instead.
+    Either way both variables leave the environment before anything of the task can inherit it."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from terminus_env.sandbox import channel
+
+    program = (
+        "import os, sys\n"
+        "left = sorted(name for name in os.environ if name.startswith('TERMINUS_SANDBOX'))\n"
+        "print({!r}, sys.argv[1:], left)\n"
+    )
+    variables = {
+        channel.SOURCE_VARIABLE: channel.code_variables(program.format("source"))[channel.SOURCE_VARIABLE],
+        channel.COMPILED_VARIABLE: channel.code_variables(
+            program.format("compiled"), magic or importlib.util.MAGIC_NUMBER
+        )[channel.COMPILED_VARIABLE],
+    }
+    command = [sys.executable, *channel.MAIN_COMMAND[1:], "x"]
+    result = subprocess.run(command, env=variables, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{runs} ['main', 'x'] []"

@@ -1,18 +1,27 @@
-"""The host end of the control channel: one long-lived ``docker exec`` of the control daemon per container.
+"""The host end of the control channel: one long-lived ``docker exec`` per container, whose streams the control
+daemon takes over.
 
-The exec's hijacked socket carries JSON lines to the daemon's stdin; its stdout comes back in Docker's
-multiplexed frames (8-byte header: stream, 0, 0, 0, big-endian length). Requests carry an id, so many can be in
-flight at once. A line that is not a reply is dropped and counted: it fails no request and never the channel.
+The container's main process forks the daemon once the container is split (daemon.py); the exec runs a small
+relay that passes its stdin, stdout and stderr to the daemon over a socket on the host's side of the container,
+then waits. So the exec's hijacked socket carries JSON lines to the daemon's stdin, and its stdout comes back in
+Docker's multiplexed frames (8-byte header: stream, 0, 0, 0, big-endian length), with no copy in between.
+Requests carry an id, so many can be in flight at once. A line that is not a reply is dropped and counted: it fails
+no request and never the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
+import functools
+import importlib.util
 import itertools
 import json
+import marshal
 import socket
 import struct
+import zlib
 from importlib import resources
 from typing import Any
 
@@ -25,14 +34,43 @@ DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").re
 """The in-container code: the container's main process and the control daemon (see daemon.py)."""
 LOG_PREFIX = "terminus-env: "
 """Starts every line the container's main process writes to the container's log (daemon.py has the same)."""
-CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"
-"""The container's main process reads DAEMON_SOURCE from this variable (and removes it from its environment)."""
-MAIN_COMMAND = ["python3", "-I", "-S", "-c", f"import os;exec(os.environ.pop({CODE_VARIABLE!r}))", "main"]
-# The daemon makes itself undumpable before anything else, then reads its source as the first line on stdin.
-_BOOTSTRAP = (
-    "import ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0);"
-    'import sys,json;exec(compile(json.loads(sys.stdin.buffer.readline()),"terminus-daemon","exec"))'
+SOURCE_VARIABLE, COMPILED_VARIABLE = "TERMINUS_SANDBOX_SOURCE", "TERMINUS_SANDBOX_COMPILED"
+"""The container's main process reads its code from these variables (and removes both from its environment):
+DAEMON_SOURCE, and the same compiled by this Python, each zlib-compressed and base64-encoded."""
+# The compiled code runs where the container's Python has this Python's bytecode magic (the same minor version);
+# any other compiles the source. Compiling costs ~30 ms of a start's CPU here.
+_MAIN_BOOTSTRAP = (
+    "import os,sys,zlib,binascii,marshal;"
+    "d=lambda n:zlib.decompress(binascii.a2b_base64(os.environ.pop(n)));"
+    f"s,c=d({SOURCE_VARIABLE!r}),d({COMPILED_VARIABLE!r});"
+    "m=sys.modules['_frozen_importlib_external'].MAGIC_NUMBER;"
+    "exec(marshal.loads(c[len(m):]) if c[:len(m)]==m else compile(s,'terminus-sandbox','exec'))"
 )
+MAIN_COMMAND = ["python3", "-I", "-S", "-c", _MAIN_BOOTSTRAP, "main"]
+CHANNEL_SOCKET = "/run/terminus/channel"
+"""Where the daemon waits for the relay: the host's side of the container only (daemon.py has the same)."""
+# The relay makes itself undumpable and names itself, connects as soon as the daemon listens, passes its three
+# standard streams over, then waits until the daemon ends (the exec, and so the channel, lasts as long as the relay).
+_RELAY = """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.prctl(4, 0, 0, 0, 0)
+libc.prctl(15, b"terminus-relay", 0, 0, 0)
+import array, socket, sys, time
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        relay.connect(sys.argv[2])
+        break
+    except OSError:
+        relay.close()
+        if time.monotonic() > deadline:
+            sys.exit("the container's main process did not start the sandbox daemon within %s s" % sys.argv[1])
+        time.sleep(0.002)
+relay.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+relay.recv(1)
+"""
 _STDERR_KEEP = 4000
 _SPLIT_MARGIN_S = 15.0  # beyond the handover time: how long the main process may take to split the container
 _EXHAUSTED = {errno.EAGAIN, errno.ENOMEM}
@@ -53,18 +91,13 @@ class Channel:
         self._pump = asyncio.get_running_loop().create_task(self._read_frames())
 
     @classmethod
-    async def open(
-        cls, client: docker.DockerClient, container_id: str, start_s: float, file_limit_bytes: int = 0
-    ) -> tuple[Channel, str]:
-        """Start the daemon and wait (up to ``start_s``) until the container is split; returns how the image's
-        ENTRYPOINT handed over ("ready", "exited N" or "no-handover"). ``file_limit_bytes`` caps each file the
-        agent's side writes (0: no cap)."""
-        # The split is reported only once the handover is judged, up to start_s later: the daemon waits longer.
-        wait = str(start_s + _SPLIT_MARGIN_S)
-        argv = ["--stop-container-on-eof", "--wait", wait, "--file-limit", str(file_limit_bytes)]
+    async def open(cls, client: docker.DockerClient, container_id: str, start_s: float) -> tuple[Channel, str]:
+        """Connect to the daemon and wait (up to ``start_s``) until the container is split; returns how the image's
+        ENTRYPOINT handed over ("ready", "exited N" or "no-handover")."""
+        # The daemon starts once the handover is judged, up to start_s later: the relay waits longer.
+        argv = [str(start_s + _SPLIT_MARGIN_S), CHANNEL_SOCKET]
         sock = await asyncio.to_thread(_start_daemon, client, container_id, argv)
         reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(json.dumps(DAEMON_SOURCE).encode() + b"\n")  # read by _BOOTSTRAP
         channel = cls(reader, writer)
         try:
             reply = await channel.request("ping", start_s + 2 * _SPLIT_MARGIN_S)
@@ -164,6 +197,21 @@ class Channel:
         await asyncio.gather(self._pump, return_exceptions=True)
 
 
+@functools.cache
+def main_environment() -> dict[str, str]:
+    """The variables MAIN_COMMAND reads DAEMON_SOURCE from (made once per process)."""
+    return code_variables(DAEMON_SOURCE)
+
+
+def code_variables(source: str, magic: bytes = importlib.util.MAGIC_NUMBER) -> dict[str, str]:
+    """``source`` and its code compiled here (``magic`` first), as MAIN_COMMAND reads them."""
+    compiled = magic + marshal.dumps(compile(source, "terminus-sandbox", "exec"))
+    return {
+        SOURCE_VARIABLE: base64.b64encode(zlib.compress(source.encode(), 9)).decode(),
+        COMPILED_VARIABLE: base64.b64encode(zlib.compress(compiled, 9)).decode(),
+    }
+
+
 def _running(client: docker.DockerClient, container_id: str) -> bool:
     try:
         return bool(client.api.inspect_container(container_id)["State"]["Running"])
@@ -172,10 +220,10 @@ def _running(client: docker.DockerClient, container_id: str) -> bool:
 
 
 def _start_daemon(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
-    """Exec the daemon and return a private duplicate of the hijacked socket, ready for asyncio."""
+    """Exec the relay and return a private duplicate of the hijacked socket, ready for asyncio."""
     try:
         exec_id = client.api.exec_create(
-            container_id, ["python3", "-I", "-S", "-c", _BOOTSTRAP, *argv], stdin=True, stdout=True, stderr=True,
+            container_id, ["python3", "-I", "-S", "-c", _RELAY, *argv], stdin=True, stdout=True, stderr=True,
             user="0",
         )["Id"]  # fmt: skip
         raw = client.api.exec_start(exec_id, socket=True)

@@ -1,6 +1,7 @@
 """The code that runs INSIDE a sandbox container (stdlib only, Python >= 3.6, Linux x86_64 or aarch64).
 
-It plays two parts, chosen by its first argument:
+It plays two parts: the container's main process (started as ``main``) and the control daemon, which the main
+process forks once the container is split.
 
 ``main``: the container's main process. Before anything of the task runs, it splits the container in three:
   - the agent's side: a PID and mount namespace whose init ("the agent's init") starts the image's ENTRYPOINT
@@ -15,13 +16,14 @@ It plays two parts, chosen by its first argument:
     other sides' sight.
   It keeps the container alive for the sandbox's lifetime, then exits, which ends the container.
 
-``daemon``: the control daemon. The host starts it once per container with one long-lived ``docker exec`` and
-  talks to it over the exec's stdin/stdout: one JSON object per line each way, matched by ``id``. Every tmux
-  operation, turn and verifier run is one round trip (a few ms) instead of a new ``docker exec`` (about 75 ms).
-  Requests run on a fixed pool of threads, so a fork bomb that exhausts the pids limit cannot stop it answering.
-  When its stdin closes, the owner process is gone (even after SIGKILL the kernel closes its socket), so it stops
-  the container. While the verifier runs, it watches what the verifier opens (OpenWatch) and holds the root
-  folder still (FrozenRoot).
+The control daemon: a child of the main process on the host's side. The host runs one long-lived ``docker
+  exec`` per container, a relay that hands its standard streams to the daemon over a socket only the host's side
+  can reach (take_channel); the host then talks to the daemon over the exec's hijacked socket: one JSON object
+  per line each way, matched by ``id``. Every tmux operation, turn and verifier run is one round trip (a few ms)
+  instead of a new ``docker exec`` (about 75 ms). Requests run on a fixed pool of threads, so a fork bomb that
+  exhausts the pids limit cannot stop it answering. When its stdin closes, the owner process is gone (even after
+  SIGKILL the kernel closes its socket), so it stops the container. While the verifier runs, it watches what the
+  verifier opens (OpenWatch) and holds the root folder still (FrozenRoot).
 
 Why the agent cannot forge a reply or a reward: the daemon is invisible from the agent's and the verifier's PID
 namespaces (and not dumpable besides), so its pipes cannot be opened through /proc; the verifier's processes are
@@ -34,7 +36,7 @@ and hold the root folder still; the main process uses CAP_NET_ADMIN once, before
 cut a container with sidecars off the host); it never runs a program and imports nothing once the agent
 exists, so no file the agent can write ever runs with them.
 
-The host sends the daemon's source as the first line on its stdin; this file must not import terminus_env.
+The host passes this file to the main process in its environment (channel.py); it must not import terminus_env.
 """
 
 import base64
@@ -69,10 +71,12 @@ POLL_FIRST_S = 0.0002  # and its first: pauses double from here
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
 AGENT_OOM_SCORE = 1000  # the agent's processes are the first the OOM killer takes,
 SIDE_OOM_SCORE = 900  # then the verifier's and the terminal's: the daemon, main and init (0) come last
-CODE_VARIABLE = "TERMINUS_SANDBOX_CODE"  # the main process's source arrives in this variable (see channel.py)
 LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's log
 RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the report of the container's split
 SPLIT_REPORT = RUN_DIR + "/split"
+CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the host's channel over (channel.py has the same)
+CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host's relay before it stops the container
+SO_PEERCRED = 17
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
 # Only the daemon keeps these; everything it or the main process starts runs without them.
@@ -81,7 +85,8 @@ DAEMON_ONLY_CAPS = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN", "LINUX_IM
 # ----- the kernel's interfaces, through libc ------------------------------------------------------------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP = 1, 4, 15, 22
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SECCOMP_MODE_FILTER = 2
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
@@ -607,14 +612,34 @@ def cut_off_host():
     route(RTM_DELROUTE, "0.0.0.0", 0)
 
 
+NO_NETWORK_HOSTS = (b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\n"
+                    b"ff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n")
+
+
+def write_hosts():
+    """A container started with its network disabled skips Docker's network set-up (about 200 ms of a start
+    here) but gets an empty /etc/hosts, so `localhost` would not resolve: write what Docker writes for
+    ``--network none``. The loopback device is up either way (runc brings it up)."""
+    try:
+        fd = os.open("/etc/hosts", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, NO_NETWORK_HOSTS)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+    except OSError as exc:  # the image's own business (a read-only or linked /etc/hosts): say so, go on
+        sys.stderr.write(LOG_PREFIX + "cannot write /etc/hosts: {}\n".format(exc))
+
+
 # ----- part 1: the container's main process ----------------------------------------------------------------------
 
 
 def main_process(argv):
-    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER CUT_OFF -- COMMAND...``: split the container, run COMMAND
+    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER NETWORK -- COMMAND...``: split the container, run COMMAND
     on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's ENTRYPOINT (a
-    file limit of 0 sets none). With CUT_OFF "1", first cut the container off the host (see cut_off_host). This
-    process itself runs as root whatever the image says: it needs its capabilities.
+    file limit of 0 sets none). NETWORK says what to do first: "cut-off" cuts the container off the host (see
+    cut_off_host), "hosts" writes the /etc/hosts Docker gives a container without a network (see write_hosts),
+    anything else nothing. This process itself runs as root whatever the image says: it needs its capabilities.
 
     The split, in order: a helper makes the verifier's PID namespace, whose init ("the verifier's init") makes the
     agent's PID and mount namespaces; once those exist, this process mounts the host's private folders (so the
@@ -625,12 +650,15 @@ def main_process(argv):
     command = argv[6:]
     deadline = time.monotonic() + lifetime
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
-    if argv[4] == "1":
+    if argv[4] == "hosts":
+        write_hosts()
+    if argv[4] == "cut-off":
         try:
             cut_off_host()
         except OSError as exc:  # nothing of the task may run then: say so to the daemon, which tells the host
             os.makedirs(RUN_DIR, exist_ok=True)
             _write_atomically(SPLIT_REPORT, "cannot cut the container off the host: {}\n".format(exc).encode())
+            fork_daemon(file_limit)  # which tells the host
             time.sleep(lifetime)
             os._exit(1)
     program = seccomp_program()
@@ -674,6 +702,7 @@ def main_process(argv):
         os.close(go_write)
     os.close(read_end)
     _write_atomically(SPLIT_REPORT, report)
+    fork_daemon(file_limit)
     confine(keep, program)
     for line in report.decode("utf-8", "replace").splitlines():  # the log's own lines, told apart by their prefix
         sys.stderr.write(LOG_PREFIX + line + "\n")
@@ -818,6 +847,7 @@ def _report_handover(command, main, handover, report):
     deadline = time.monotonic() + handover
     keep_alive = command[-2:]
     verdict = "no-handover"
+    pause = 0.001  # most ENTRYPOINTs hand over within milliseconds: look soon, then every 10 ms
     while time.monotonic() < deadline:
         pid, status = os.waitpid(main, os.WNOHANG)
         if pid:
@@ -826,7 +856,8 @@ def _report_handover(command, main, handover, report):
         if _running_in_namespace(keep_alive):
             verdict = "ready"
             break
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
     try:
         os.write(report, "handover {}\n".format(verdict).encode())
     finally:
@@ -1724,7 +1755,8 @@ def _pane_shell(daemon, req):
 
 def _type_and_wait(daemon, shell, req, calls, timeout):
     """Type (the tmux calls), then wait until the shell is idle twice in a row, or ``timeout`` seconds. The first
-    looks come quickly: most commands are done within a millisecond or two."""
+    looks come quickly (most commands are done within a millisecond or two), and so does the look that confirms
+    an idle one; pauses between busy looks double up to POLL_S."""
     try:
         before = shell.switches() if calls else None
         if calls:
@@ -1738,7 +1770,7 @@ def _type_and_wait(daemon, shell, req, calls, timeout):
             waited = time.monotonic() - start
             if stable >= 2 or waited >= timeout:
                 return {"waited": waited, "idle": stable >= 2}
-            time.sleep(min(pause, max(timeout - waited, 0)))
+            time.sleep(min(POLL_FIRST_S if stable else pause, max(timeout - waited, 0)))
             pause = min(pause * 2, POLL_S)
     except ShellExited:
         return {"gone": True}
@@ -1820,14 +1852,9 @@ OPS = {
 }  # fmt: skip
 
 
-def find_split(wait_s):
+def find_split():
     """The split as the main process reported it: (the agent's init, the verifier's init, the handover verdict),
     pids as this namespace sees them; raises if it failed."""
-    deadline = time.monotonic() + wait_s
-    while not os.path.exists(SPLIT_REPORT):
-        if time.monotonic() > deadline:
-            raise OSError(errno.ETIMEDOUT, "the container's main process never split the container")
-        time.sleep(0.01)
     with open(SPLIT_REPORT) as handle:
         report = handle.read()
     words = dict(line.partition(" ")[::2] for line in report.splitlines())
@@ -1847,9 +1874,67 @@ class _NoImports:
     find_module = find_spec  # Python < 3.4 spelling, harmless elsewhere
 
 
-def daemon_main(argv):
+def fork_daemon(file_limit):
+    """Start the control daemon as a child of this process, on the host's side, once the container is split (or
+    failed to split: the daemon tells the host why). It takes over the host's channel from the relay (see
+    take_channel), serves it until the host hangs up, then stops the container. Forking reuses this process's
+    interpreter and compiled code, about 75 ms of CPU a start against a second interpreter."""
+    if os.fork():
+        return
+    code = 0
+    try:
+        prctl(PR_SET_DUMPABLE, 0)
+        _libc.prctl(PR_SET_NAME, ctypes.c_char_p(b"terminus-daemon"), 0, 0, 0)  # its cmdline is the main process's
+        try:
+            relay = take_channel(CHANNEL_SOCKET, CHANNEL_WAIT_S)
+        except socket.timeout:  # the host gave up on this container: nobody will ever talk to it
+            os.kill(1, signal.SIGTERM)
+            os._exit(1)
+        daemon_main(file_limit)
+        relay.close()
+    except BaseException:  # noqa: BLE001 - a child of the main process must never return into it
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def take_channel(path, wait_s):
+    """Wait for the host's relay (channel.py: a ``docker exec`` that connects to ``path``, a socket on the host's
+    side, where the agent's and the verifier's sides cannot reach it) and make the three standard streams it
+    passes over (the exec's stdin, stdout and stderr) this process's own. Returns the relay's connection, to be
+    held open: the relay lives, and the exec with it, until this process ends."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(1)
+        listener.settimeout(wait_s)
+        relay, _ = listener.accept()
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    relay.settimeout(None)
+    uid = struct.unpack("3i", relay.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, 12))[1]
+    if uid != 0:
+        raise PermissionError("the channel's relay runs as uid {}, not root".format(uid))
+    _, ancillary, _, _ = relay.recvmsg(1, socket.CMSG_SPACE(3 * 4))
+    fds = [fd for level, kind, data in ancillary if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+           for fd in struct.unpack("{}i".format(len(data) // 4), data[: len(data) // 4 * 4])]  # fmt: skip
+    if len(fds) != 3:
+        raise OSError(errno.EPROTO, "the channel's relay passed {} streams, not 3".format(len(fds)))
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    return relay
+
+
+def daemon_main(file_limit):
+    """Serve the host's requests on stdin/stdout, then stop the container when the host hangs up."""
     warnings.simplefilter("ignore")
-    os.environ.pop(CODE_VARIABLE, None)  # the container's environment carries this file's source; children need not
     lock = threading.Lock()
 
     def reply(message):
@@ -1861,9 +1946,7 @@ def daemon_main(argv):
     setup_error = None
     daemon = None
     try:
-        wait_s = float(argv[argv.index("--wait") + 1]) if "--wait" in argv else 30.0
-        agent_init_pid, verifier_init_pid, verdict = find_split(wait_s)
-        file_limit = int(argv[argv.index("--file-limit") + 1]) if "--file-limit" in argv else 0
+        agent_init_pid, verifier_init_pid, verdict = find_split()
         daemon = Daemon(agent_init_pid, verifier_init_pid, file_limit)
         handover = verdict
     except Exception as exc:  # noqa: BLE001 - answered to the host's first request
@@ -1903,12 +1986,8 @@ def daemon_main(argv):
             reply({"id": None, "ok": False, "error": "unreadable request: {}".format(exc)})
             continue
         requests.put(req)
-    if "--stop-container-on-eof" in argv:
-        os.kill(1, signal.SIGTERM)
+    os.kill(1, signal.SIGTERM)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["main"]:
-        main_process(sys.argv[2:])
-    else:
-        daemon_main(sys.argv[1:])
+if __name__ == "__main__" and sys.argv[1:2] == ["main"]:
+    main_process(sys.argv[2:])
