@@ -422,7 +422,7 @@ def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.D
 def test_a_container_removed_while_the_daemon_starts_is_the_same_clear_error() -> None:
     """The race the test above can hit: the main process died and Docker's auto-removal is under way, so the exec
     fails with a 500 ("is not running: Removal In Progress"), not a 404 or 409."""
-    from terminus_env.sandbox.channel import _start_daemon
+    from terminus_env.sandbox.channel import _start_relay
 
     class Api:
         def exec_create(self, *args: object, **kwargs: object) -> dict:
@@ -441,7 +441,7 @@ def test_a_container_removed_while_the_daemon_starts_is_the_same_clear_error() -
         api = Api()
 
     with pytest.raises(SandboxError, match="stopped as soon as it started: its main process needs python3"):
-        _start_daemon(Client(), "c1" * 32, [])  # type: ignore[arg-type]
+        _start_relay(Client(), "c1" * 32, [])  # type: ignore[arg-type]
 
 
 def test_pool_skips_a_warm_sandbox_that_died(run: Runner, client: docker.DockerClient) -> None:

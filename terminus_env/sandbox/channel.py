@@ -51,13 +51,14 @@ CHANNEL_SOCKET = "/run/terminus/channel"
 """Where the daemon waits for the relay: the host's side of the container only (daemon.py has the same)."""
 # The relay makes itself undumpable and names itself, connects as soon as the daemon listens, passes its three
 # standard streams over, then waits until the daemon ends (the exec, and so the channel, lasts as long as the relay).
+# Its looks for the socket slow down to one per 20 ms: an ENTRYPOINT may take a minute to hand over.
 _RELAY = """
 import ctypes
 libc = ctypes.CDLL(None)
 libc.prctl(4, 0, 0, 0, 0)
 libc.prctl(15, b"terminus-relay", 0, 0, 0)
 import array, socket, sys, time
-deadline = time.monotonic() + float(sys.argv[1])
+deadline, pause = time.monotonic() + float(sys.argv[1]), 0.001
 while True:
     relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -67,7 +68,8 @@ while True:
         relay.close()
         if time.monotonic() > deadline:
             sys.exit("the container's main process did not start the sandbox daemon within %s s" % sys.argv[1])
-        time.sleep(0.002)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 relay.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
 relay.recv(1)
 """
@@ -96,7 +98,7 @@ class Channel:
         ENTRYPOINT handed over ("ready", "exited N" or "no-handover")."""
         # The daemon starts once the handover is judged, up to start_s later: the relay waits longer.
         argv = [str(start_s + _SPLIT_MARGIN_S), CHANNEL_SOCKET]
-        sock = await asyncio.to_thread(_start_daemon, client, container_id, argv)
+        sock = await asyncio.to_thread(_start_relay, client, container_id, argv)
         reader, writer = await asyncio.open_connection(sock=sock)
         channel = cls(reader, writer)
         try:
@@ -219,7 +221,7 @@ def _running(client: docker.DockerClient, container_id: str) -> bool:
         return False
 
 
-def _start_daemon(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
+def _start_relay(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
     """Exec the relay and return a private duplicate of the hijacked socket, ready for asyncio."""
     try:
         exec_id = client.api.exec_create(
