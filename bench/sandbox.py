@@ -122,14 +122,19 @@ async def container_start(client: docker.DockerClient) -> None:
 async def one_worker(client: docker.DockerClient, commands: int) -> int:
     sandbox = await Sandbox.start(SPEC, client=client)
     try:
-        await sandbox.terminal.capture_new()
-        done = 0
-        for index in range(commands):
-            step = await sandbox.terminal.step([(f"echo step-{index}\n", 10)])  # the env's turn: one request
-            done += f"step-{index}" in step.output.text
-        return done
+        return await echo_steps(sandbox, commands)
     finally:
         await sandbox.close()
+
+
+async def echo_steps(sandbox: Sandbox, commands: int) -> int:
+    """``commands`` turns of one `echo` each; how many showed their output."""
+    await sandbox.terminal.capture_new()
+    done = 0
+    for index in range(commands):
+        step = await sandbox.terminal.step([(f"echo step-{index}\n", 10)])  # the env's turn: one request
+        done += f"step-{index}" in step.output.text
+    return done
 
 
 def owned_by(client: docker.DockerClient, pid: int) -> int:
@@ -147,6 +152,16 @@ async def concurrency(client: docker.DockerClient, workers: int, commands: int) 
         f": {errors[0]!r}" if errors else ""))  # fmt: skip
     row("steps per second (incl. starts and closes)", f"{ok / elapsed:10.1f}", "", f"{elapsed:.1f} s in all")
     row("containers left after close", str(owned_by(client, os.getpid())))
+    # The same steps on sandboxes started beforehand (as a warm pool hands them out): the steps' own rate.
+    sandboxes = await asyncio.gather(*(Sandbox.start(SPEC, client=client) for _ in range(workers)))
+    try:
+        started = time.perf_counter()
+        done = sum(await asyncio.gather(*(echo_steps(sandbox, commands) for sandbox in sandboxes)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await asyncio.gather(*(sandbox.close() for sandbox in sandboxes))
+    row("steps per second, sandboxes started beforehand", f"{done / elapsed:10.1f}", "",
+        f"{done}/{workers * commands} in {elapsed:.1f} s")  # fmt: skip
 
     argv = [sys.executable, __file__, "--child", str(workers // 2)]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

@@ -56,4 +56,5 @@ REQUIRE_BROWSER = "TERMINUS_REQUIRE_BROWSER"  # tests: a missing chromium fails 
 BASE_IMAGE = "TERMINUS_BASE_IMAGE"
 DEBIAN_MIRROR = "TERMINUS_DEBIAN_MIRROR"
 BUILDER = "TERMINUS_BUILDER"  # which builder builds images: auto (BuildKit where the engine has it), buildkit, classic
+SANDBOX_CHANNEL = "TERMINUS_SANDBOX_CHANNEL"  # how the host reaches a sandbox's daemon: auto, direct, relay
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # which GPUs `terminus-env serve` may hand out

@@ -18,6 +18,8 @@ import pytest
 import requests
 from sandbox_support import SPEC, Runner, containers_of_pid, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
+from terminus_env import config
+from terminus_env.config import ConfigError
 from terminus_env.sandbox import (
     DockerUnavailable,
     ImageBuildError,
@@ -29,6 +31,7 @@ from terminus_env.sandbox import (
     ensure_image,
     reap,
 )
+from terminus_env.sandbox.channel import CHANNEL_DIR, CHANNEL_SOCKET, Route, folder_root
 from terminus_env.sandbox.owner import Owner
 
 pytestmark = pytest.mark.docker
@@ -38,6 +41,35 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def limited(run: Runner) -> Iterator[Sandbox]:
     yield from sandbox_on(run, SandboxSpec(SPEC.image, cpus=0.5, memory_mb=96, pids_limit=64))
+
+
+def routed(run: Runner, route: Route) -> Iterator[Sandbox]:
+    """A sandbox whose channel takes ``route``. DIRECT needs a local engine this process shares a folder with:
+    where there is none, the DIRECT tests skip, unless TERMINUS_REQUIRE_DOCKER asks for every Docker test."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(config.SANDBOX_CHANNEL, route.value)
+        try:
+            sandbox = run(Sandbox.start(SPEC))
+        except ConfigError as exc:
+            if config.env_flag(config.REQUIRE_DOCKER, False):
+                raise
+            pytest.skip(str(exc))
+    try:
+        assert sandbox._channel.route is route
+        yield sandbox
+    finally:
+        run(sandbox.close())
+
+
+@pytest.fixture(scope="module")
+def direct(run: Runner) -> Iterator[Sandbox]:
+    yield from routed(run, Route.DIRECT)
+
+
+@pytest.fixture(scope="module", params=list(Route), ids=[route.value for route in Route])
+def either(run: Runner, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """A sandbox reached directly, then one reached through the relay."""
+    yield from routed(run, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -144,23 +176,73 @@ def test_the_daemon_is_out_of_the_verifiers_sight_and_not_dumpable(
     probe = f"for p in {found}; do cat /proc/$p/environ >/dev/null 2>&1 && echo y || echo no; done"
     drop = ["setpriv", "--bounding-set=-sys_admin,-sys_chroot,-setpcap,-net_admin", "bash", "-c", probe]
     result = client.containers.get(sandbox.id).exec_run(drop, user="0")
-    assert result.output.decode().split() == ["no", "no"], result.output
+    relays = 1 if sandbox._channel.route is Route.RELAY else 0
+    assert result.output.decode().split() == ["no"] * (1 + relays), result.output
 
 
-def test_the_daemons_channel_socket_is_out_of_reach(run: Runner, sandbox: Sandbox, client: docker.DockerClient) -> None:
-    """Connect to where the daemon took the host's channel over, to pose as the host: the agent's and the
-    verifier's sides have their own /run/terminus, and the daemon removed its socket once the relay connected."""
-    from terminus_env.sandbox.channel import CHANNEL_SOCKET
-
+@pytest.mark.parametrize("path", [CHANNEL_SOCKET, CHANNEL_DIR + "/channel"], ids=["relay-socket", "direct-socket"])
+def test_the_daemons_channel_socket_is_out_of_reach(
+    run: Runner, either: Sandbox, client: docker.DockerClient, path: str
+) -> None:
+    """Connect to where the daemon waits for the host, to pose as it: the agent's and the verifier's sides have
+    their own /run/terminus and a read-only empty /run/terminus-channel, and the daemon removed its socket once
+    the host connected."""
     probe = (
-        f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({CHANNEL_SOCKET!r})\n    print('connected')\n"
+        f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({path!r})\n    print('connected')\n"
         "except OSError as exc:\n    print(type(exc).__name__)\n"
     )
     command = "python3 -c " + shlex.quote(probe)
-    assert sh(run, sandbox, command).output.strip() == "FileNotFoundError"
-    assert run(sandbox.verify(b"", command, 10, user="root")).result.output.strip() == "FileNotFoundError"
+    assert sh(run, either, command).output.strip() == "FileNotFoundError"
+    assert run(either.verify(b"", command, 10, user="root")).result.output.strip() == "FileNotFoundError"
     host_side = ["python3", "-c", probe]
-    assert client.containers.get(sandbox.id).exec_run(host_side, user="0").output.strip() == b"FileNotFoundError"
+    assert client.containers.get(either.id).exec_run(host_side, user="0").output.strip() == b"FileNotFoundError"
+
+
+def test_the_daemon_and_the_relay_are_out_of_sight_on_either_route(
+    run: Runner, either: Sandbox, client: docker.DockerClient
+) -> None:
+    """The same look for the daemon's (and the relay's) name from the agent's and the verifier's sides, on both
+    routes; and the host's side finds exactly the processes the route has."""
+    probe = "pgrep terminus-; echo found=$?"
+    assert sh(run, either, probe).output.split() == ["found=1"]
+    assert run(either.verify(b"", probe, 10, user="root")).result.output.split() == ["found=1"]
+    names = client.containers.get(either.id).exec_run(["pgrep", "-l", "terminus-"], user="0").output.decode()
+    expected = {"terminus-daemon"} | ({"terminus-relay"} if either._channel.route is Route.RELAY else set())
+    assert {line.split()[1] for line in names.splitlines()} == expected, names
+
+
+def test_the_channel_folder_holds_nothing_and_takes_nothing(run: Runner, direct: Sandbox) -> None:
+    """On the DIRECT route the channel's folder is the host machine's (on its /run): were it writable from the
+    agent's or the verifier's side, a loop could fill the host's memory; were it removable, the agent could
+    detach the mount. Both sides have it as a read-only empty mount point of their own."""
+    attack = (
+        "ls -A /run/terminus-channel | wc -l; touch /run/terminus-channel/x 2>/dev/null; echo write=$?; "
+        "rmdir /run/terminus-channel 2>/dev/null; echo rmdir=$?; mv /run/terminus-channel /tmp/c 2>/dev/null; "
+        "echo rename=$?"
+    )
+    agent = sh(run, direct, attack).output.split()
+    verifier = run(direct.verify(b"", attack, 10, user="root")).result.output.split()
+    assert agent == verifier == ["0", "write=1", "rmdir=1", "rename=1"], (agent, verifier)
+    folder = direct._channel._folder
+    assert folder is not None and list(folder.path.iterdir()) == []  # the socket went once the host connected
+
+
+def test_files_copy_into_a_sandbox_on_either_route(run: Runner, either: Sandbox, tmp_path: Path) -> None:
+    """Docker copies into a container only while every mount's source exists: the DIRECT channel's folder stays
+    as long as the container (removing it once connected broke every copy)."""
+    (tmp_path / "a.txt").write_text("copied\n")
+    run(either.put_dir(tmp_path, "/copied"))
+    assert sh(run, either, "cat /copied/a.txt").output == "copied\n"
+    step = run(either.terminal.step([("echo stepped\n", 1.0)]))
+    assert "stepped" in step.output.text
+
+
+def test_the_channel_folder_goes_with_the_sandbox(run: Runner) -> None:
+    for sandbox in routed(run, Route.DIRECT):
+        folder = sandbox._channel._folder
+        assert folder is not None and folder.path.is_dir() and folder.path.parent == folder_root()
+        assert oct(folder.path.stat().st_mode & 0o777) == "0o700"
+    assert not folder.path.exists()
 
 
 # --- exec and files ----------------------------------------------------------------------------
@@ -412,9 +494,11 @@ def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.Docker
 def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.DockerClient, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f /usr/bin/python3*\n")
     tag = ensure_image(tmp_path, "sandbox-test-no-python")
+    folders = set(folder_root().iterdir()) if folder_root().is_dir() else set()
     try:
         with pytest.raises(SandboxError, match="needs python3"):
             run(Sandbox.start(SandboxSpec(tag)))
+        assert (set(folder_root().iterdir()) if folder_root().is_dir() else set()) == folders  # its folder went
     finally:
         client.images.remove(tag, force=True)
 

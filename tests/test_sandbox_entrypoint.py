@@ -172,6 +172,8 @@ def test_the_host_and_the_container_agree_on_names() -> None:
     from terminus_env.sandbox import channel, daemon
 
     assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (daemon.LOG_PREFIX, daemon.CHANNEL_SOCKET)
+    assert channel.CHANNEL_DIR == daemon.CHANNEL_DIR
+    assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (daemon.DIRECT, daemon.RELAY)
 
 
 @pytest.mark.parametrize("magic, runs", [(None, "compiled"), (b"\x00\x00\r\n", "source")])

@@ -1,10 +1,15 @@
-"""The host end of the control channel: one long-lived ``docker exec`` per container, whose streams the control
-daemon takes over.
+"""The host end of the control channel to a sandbox's daemon, by one of two routes (daemon.py, take_channel).
 
-The container's main process forks the daemon once the container is split (daemon.py); the exec runs a small
-relay that passes its stdin, stdout and stderr to the daemon over a socket on the host's side of the container,
-then waits. So the exec's hijacked socket carries JSON lines to the daemon's stdin, and its stdout comes back in
-Docker's multiplexed frames (8-byte header: stream, 0, 0, 0, big-endian length), with no copy in between.
+DIRECT, on a local engine: the host makes a folder of its own for the sandbox, the engine mounts it into the
+container, the daemon listens there once the container is split, and the host connects to that socket itself
+(then removes the folder). One unix socket carries JSON lines both ways: a round trip costs ~0.1 ms and a start
+needs no ``docker exec``.
+
+RELAY, on any engine: one long-lived ``docker exec`` per container runs a small relay that passes its stdin,
+stdout and stderr to the daemon over a socket on the host's side of the container, then waits. So the exec's
+hijacked socket carries JSON lines to the daemon's stdin, and its stdout comes back in Docker's multiplexed frames
+(8-byte header: stream, 0, 0, 0, big-endian length), with no copy in between.
+
 Requests carry an id, so many can be in flight at once. A line that is not a reply is dropped and counted: it fails
 no request and never the channel.
 """
@@ -13,21 +18,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import enum
 import errno
 import functools
 import importlib.util
 import itertools
 import json
 import marshal
+import os
+import shutil
 import socket
 import struct
+import tempfile
 import zlib
+from collections.abc import Callable, Mapping
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import docker
+from docker.types import Mount
 
+from terminus_env import config
+from terminus_env.config import ConfigError
+from terminus_env.sandbox.cleanup import REGISTRY
 from terminus_env.sandbox.errors import BrokenByAgent, ResourcesExhausted, SandboxError, SandboxLost
+from terminus_env.sandbox.owner import Owner, host_id
 
 # Package data, read through importlib.resources so it is found wherever the package is installed.
 DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").read_text(encoding="utf-8")
@@ -49,6 +66,19 @@ _MAIN_BOOTSTRAP = (
 MAIN_COMMAND = ["python3", "-I", "-S", "-c", _MAIN_BOOTSTRAP, "main"]
 CHANNEL_SOCKET = "/run/terminus/channel"
 """Where the daemon waits for the relay: the host's side of the container only (daemon.py has the same)."""
+CHANNEL_DIR = "/run/terminus-channel"
+"""Where a DIRECT sandbox's channel folder is mounted in the container (daemon.py has the same)."""
+LOCAL_ENGINE_URL = "http+docker://localhost"
+"""docker-py's base URL for an engine on a unix socket (a TCP, SSH or named-pipe engine has another)."""
+
+
+class Route(enum.Enum):
+    """How the host reaches a sandbox's daemon (the main process's CHANNEL argument; daemon.py has both words)."""
+
+    DIRECT = "direct"
+    RELAY = "relay"
+
+
 # The relay makes itself undumpable and names itself, connects as soon as the daemon listens, passes its three
 # standard streams over, then waits until the daemon ends (the exec, and so the channel, lasts as long as the relay).
 # Its looks for the socket slow down to one per 20 ms: an ENTRYPOINT may take a minute to hand over.
@@ -81,7 +111,11 @@ _EXHAUSTED = {errno.EAGAIN, errno.ENOMEM}
 class Channel:
     """Request/response over one daemon process; ``request`` raises SandboxLost once the daemon is gone."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, folder: ChannelFolder | None = None
+    ) -> None:
+        self.route = Route.RELAY if folder is None else Route.DIRECT
+        self._folder = folder
         self._reader = reader
         self._writer = writer
         self._ids = itertools.count()
@@ -90,17 +124,24 @@ class Channel:
         self._closed_reason: str | None = None
         self.dropped_lines = 0
         """Lines on the daemon's stdout that were not a reply to a pending request."""
-        self._pump = asyncio.get_running_loop().create_task(self._read_frames())
+        reading = self._read_frames() if folder is None else self._read_lines()
+        self._pump = asyncio.get_running_loop().create_task(reading)
 
     @classmethod
-    async def open(cls, client: docker.DockerClient, container_id: str, start_s: float) -> tuple[Channel, str]:
-        """Connect to the daemon and wait (up to ``start_s``) until the container is split; returns how the image's
-        ENTRYPOINT handed over ("ready", "exited N" or "no-handover")."""
-        # The daemon starts once the handover is judged, up to start_s later: the relay waits longer.
-        argv = [str(start_s + _SPLIT_MARGIN_S), CHANNEL_SOCKET]
-        sock = await asyncio.to_thread(_start_relay, client, container_id, argv)
-        reader, writer = await asyncio.open_connection(sock=sock)
-        channel = cls(reader, writer)
+    async def open(
+        cls, client: docker.DockerClient, container_id: str, start_s: float, folder: ChannelFolder | None = None
+    ) -> tuple[Channel, str]:
+        """Connect to the daemon (through ``folder`` when the route is DIRECT, else through the relay) and wait (up
+        to ``start_s``) until the container is split; returns how the image's ENTRYPOINT handed over ("ready",
+        "exited N" or "no-handover")."""
+        wait_s = start_s + _SPLIT_MARGIN_S  # the split may take a while on a loaded host
+        if folder is None:
+            sock = await asyncio.to_thread(_start_relay, client, container_id, [str(wait_s), CHANNEL_SOCKET])
+            reader, writer = await asyncio.open_connection(sock=sock)
+            channel = cls(reader, writer)
+        else:
+            reader, writer = await _accept(client, container_id, folder, wait_s)
+            channel = cls(reader, writer, folder)
         try:
             reply = await channel.request("ping", start_s + 2 * _SPLIT_MARGIN_S)
         except SandboxLost as exc:
@@ -162,11 +203,31 @@ class Channel:
         finally:
             self._fail_all()
 
+    async def _read_lines(self) -> None:
+        pending: list[bytes] = []  # the start of a line (a reply may be megabytes: joined once, when it ends)
+        try:
+            while chunk := await self._reader.read(1 << 16):
+                if b"\n" not in chunk:
+                    pending.append(chunk)
+                    continue
+                *lines, tail = chunk.split(b"\n")
+                lines[0] = b"".join(pending) + lines[0]
+                pending = [tail]
+                for line in lines:
+                    self._deliver(line)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._fail_all()
+
     def _deliver(self, line: bytes) -> None:
         try:
             reply = json.loads(line)
         except ValueError:
             reply = None
+        if isinstance(reply, dict) and "id" not in reply and isinstance(reply.get("stderr"), str):
+            self._stderr = (self._stderr + reply["stderr"].encode())[-_STDERR_KEEP:]  # a DIRECT daemon's stderr
+            return
         future = self._pending.get(reply.get("id")) if isinstance(reply, dict) else None  # type: ignore[arg-type]
         if future is None or future.done():
             self.dropped_lines += 1
@@ -192,11 +253,14 @@ class Channel:
         return self._stderr.decode(errors="replace")
 
     async def close(self) -> None:
-        """Close the socket; the daemon sees end of input and stops the container."""
+        """Close the socket (the daemon sees end of input and stops the container) and remove the channel's
+        folder."""
         if not self._writer.is_closing():
             self._writer.close()
         self._pump.cancel()
         await asyncio.gather(self._pump, return_exceptions=True)
+        if self._folder is not None:
+            self._folder.remove()
 
 
 @functools.cache
@@ -221,6 +285,14 @@ def _running(client: docker.DockerClient, container_id: str) -> bool:
         return False
 
 
+def _stopped_at_once(container_id: str, detail: str) -> SandboxError:
+    return SandboxError(
+        f"container {container_id[:12]} stopped as soon as it started: its main process needs python3 with ctypes "
+        "in the image; add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build FROM the base "
+        f"image{f' ({detail})' if detail else ''}"
+    )
+
+
 def _start_relay(client: docker.DockerClient, container_id: str, argv: list[str]) -> socket.socket:
     """Exec the relay and return a private duplicate of the hijacked socket, ready for asyncio."""
     try:
@@ -233,11 +305,7 @@ def _start_relay(client: docker.DockerClient, container_id: str, argv: list[str]
         # Gone or not running: the main process died at once. Docker says so with 404 or 409, or with a 500 while
         # the auto-removal runs ("is not running: Removal In Progress"), so ask the container itself.
         if exc.status_code in (404, 409) or not _running(client, container_id):
-            raise SandboxError(
-                f"container {container_id[:12]} stopped as soon as it started: its main process needs python3 with "
-                "ctypes in the image; add it to the task's Dockerfile (e.g. `apt-get install -y python3`) or build "
-                f"FROM the base image ({exc.explanation or exc})"
-            ) from exc
+            raise _stopped_at_once(container_id, str(exc.explanation or exc)) from exc
         raise SandboxError(f"cannot start the sandbox daemon in {container_id[:12]}: {exc}") from exc
     sock = getattr(raw, "_sock", raw)
     if not isinstance(sock, socket.socket) or type(sock) is not socket.socket:
@@ -248,3 +316,147 @@ def _start_relay(client: docker.DockerClient, container_id: str, argv: list[str]
         response.close()
     raw.close()
     return private
+
+
+# ----- the DIRECT route ----------------------------------------------------------------------------------------
+
+
+def channel_route(
+    client: docker.DockerClient, info: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> Route:
+    """DIRECT where this process can share a folder with the engine's containers, RELAY elsewhere; the
+    TERMINUS_SANDBOX_CHANNEL setting (auto, direct, relay) can ask for either."""
+    raw = (config.env_str(config.SANDBOX_CHANNEL, "auto", environ) or "").strip().lower()
+    if raw not in ("auto", *(route.value for route in Route)):
+        raise ConfigError(f"{config.SANDBOX_CHANNEL}={raw!r} names no route: set it to auto, direct or relay")
+    if raw == Route.RELAY.value:
+        return Route.RELAY
+    why_not = direct_unreachable(client.api.base_url, info, socket.gethostname(), os.geteuid(), os.path.isdir)
+    if why_not is None:
+        return Route.DIRECT
+    if raw == Route.DIRECT.value:
+        raise ConfigError(f"{config.SANDBOX_CHANNEL}=direct, but {why_not}; unset it")
+    return Route.RELAY
+
+
+def direct_unreachable(
+    base_url: str, info: Mapping[str, Any], hostname: str, euid: int, is_dir: Callable[[str], bool]
+) -> str | None:
+    """Why a folder of this process's cannot carry the channel to the engine's containers (None when it can): the
+    engine must run on this machine, on this file system (``info`` is what ``docker info`` says), and the daemon,
+    root in the container, must be the folder's owner (this process is root, or the engine is rootless)."""
+    security = " ".join(str(option) for option in info.get("SecurityOptions") or [])
+    if base_url != LOCAL_ENGINE_URL:
+        return f"the engine is not on a local unix socket ({base_url})"
+    if info.get("Name") != hostname:
+        return (
+            f"the engine runs on another machine or in a VM (it is named {info.get('Name')!r}, this host {hostname!r})"
+        )
+    if "name=userns" in security:
+        return "the engine remaps the containers' users (userns-remap)"
+    if euid != 0 and "name=rootless" not in security:
+        return "this process is not root and the engine is not rootless"
+    if euid != 0 and not is_dir(str(folder_root(euid).parent.parent)):
+        return f"this user has no runtime folder ({folder_root(euid).parent.parent})"
+    if not is_dir(str(info.get("DockerRootDir") or "")):
+        return "the engine's data root is not on this file system"
+    return None
+
+
+def folder_root(euid: int | None = None) -> Path:
+    """Where DIRECT channel folders are made: under /run (never a service's private /tmp, which the engine would not
+    see), or the user's runtime folder for a rootless engine."""
+    euid = os.geteuid() if euid is None else euid
+    return Path("/run/terminus-env/channels" if euid == 0 else f"/run/user/{euid}/terminus-env/channels")
+
+
+class ChannelFolder:
+    """One sandbox's DIRECT channel folder: mounted at CHANNEL_DIR, with this process listening on a socket there
+    from before the container starts, so the daemon connects as soon as the container is split (nothing waits on a
+    poll). The socket goes once the daemon connected; the folder stays, empty, as long as the container: Docker
+    copies files into a container only while every mount's source exists. Removed when the channel closes, at exit
+    (REGISTRY) or, after a crash, by the reaper: its name starts with its owner's pid and start time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        REGISTRY.add_folder(path)
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(self.socket_path)
+            os.chmod(self.socket_path, 0o600)
+            self.listener.listen(1)
+            self.listener.setblocking(False)
+        except BaseException:
+            self.remove()
+            raise
+
+    @classmethod
+    def make(cls, root: Path | None = None) -> ChannelFolder:
+        root = folder_root() if root is None else root
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owner = Owner.current()
+        return cls(Path(tempfile.mkdtemp(prefix=f"{owner.pid}-{owner.start}-", dir=root)))  # mode 0700
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.path / "channel")
+
+    def mount(self) -> Mount:
+        return Mount(CHANNEL_DIR, str(self.path), type="bind")
+
+    def stop_listening(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def remove(self) -> None:
+        self.stop_listening()
+        shutil.rmtree(self.path, ignore_errors=True)
+        REGISTRY.discard_folder(self.path)
+
+
+def reap_folders(root: Path | None = None) -> int:
+    """Remove the channel folders of owners that are gone; returns how many."""
+    root = folder_root() if root is None else root
+    removed = 0
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        pid, start, _ = (entry.name.split("-", 2) + ["", ""])[:3]
+        if not pid.isdigit() or not Owner(int(pid), start, host_id()).alive():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+async def _accept(
+    client: docker.DockerClient, container_id: str, folder: ChannelFolder, wait_s: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Take the daemon's connection on ``folder``'s socket (the folder goes if none comes). Once a second Docker
+    is asked whether the container still runs (a main process that died at once never connects): not more often,
+    as a burst of starts waits on the same engine."""
+    assert folder.listener is not None, "a channel folder listens once"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    try:
+        while True:
+            try:
+                connection, _ = await asyncio.wait_for(loop.sock_accept(folder.listener), 1.0)
+                break
+            except asyncio.TimeoutError:
+                if not await asyncio.to_thread(_running, client, container_id):
+                    raise _stopped_at_once(container_id, "") from None
+                if loop.time() > deadline:
+                    raise SandboxError(
+                        f"the main process of container {container_id[:12]} did not start the sandbox daemon within "
+                        f"{wait_s:g} s; if the engine cannot see {folder.path}, set {config.SANDBOX_CHANNEL}=relay"
+                    ) from None
+    except BaseException:
+        folder.remove()
+        raise
+    folder.stop_listening()
+    return await asyncio.open_connection(sock=connection)

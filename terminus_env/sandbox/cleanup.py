@@ -1,4 +1,5 @@
-"""Removing this process's containers (and episode networks) when it exits: at interpreter exit and on SIGTERM.
+"""Removing this process's containers (episode networks, channel folders) when it exits: at interpreter exit and on
+SIGTERM.
 
 This is process-wide state by nature (one interpreter, one exit), so it lives in one registry.
 SIGINT needs no handler: Python turns it into KeyboardInterrupt, the interpreter unwinds and
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
@@ -25,6 +28,7 @@ class _Registry:
     def __init__(self) -> None:
         self._live: dict[str, docker.DockerClient] = {}
         self._networks: dict[str, docker.DockerClient] = {}
+        self._folders: set[Path] = set()
         self._lock = threading.Lock()
         self._hooked = False
         self._reaped = False
@@ -54,6 +58,14 @@ class _Registry:
         with self._lock:
             self._networks.pop(name, None)
 
+    def add_folder(self, path: Path) -> None:
+        with self._lock:
+            self._folders.add(path)
+
+    def discard_folder(self, path: Path) -> None:
+        with self._lock:
+            self._folders.discard(path)
+
     def claim_reap(self) -> bool:
         """True exactly once per process: the first sandbox runs the reaper."""
         with self._lock:
@@ -61,14 +73,18 @@ class _Registry:
             return first
 
     def remove_all(self) -> None:
-        """Every container, then every network (which Docker removes only once no container is on it)."""
+        """Every container, then every network (which Docker removes only once no container is on it) and
+        folder."""
         with self._lock:
             live, self._live = self._live, {}
             networks, self._networks = self._networks, {}
+            folders, self._folders = self._folders, set()
         for container_id, client in live.items():
             remove_container(client, container_id)
         for name, client in networks.items():
             remove_network(client, name)
+        for path in folders:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.remove_all()

@@ -16,10 +16,11 @@ process forks once the container is split.
     other sides' sight.
   It keeps the container alive for the sandbox's lifetime, then exits, which ends the container.
 
-The control daemon: a child of the main process on the host's side. The host runs one long-lived ``docker
-  exec`` per container, a relay that hands its standard streams to the daemon over a socket only the host's side
-  can reach (take_channel); the host then talks to the daemon over the exec's hijacked socket: one JSON object
-  per line each way, matched by ``id``. Every tmux operation, turn and verifier run is one round trip (a few ms)
+The control daemon: a child of the main process on the host's side. The host connects to it once per container
+  (take_channel): on a local engine through a socket in a folder of the host's mounted into the container, else
+  through one long-lived ``docker exec``, a relay that hands its standard streams to the daemon over a socket only
+  the host's side can reach. Either way the channel carries one JSON object per line each way, matched by ``id``.
+  Every tmux operation, turn and verifier run is one round trip (well under a millisecond on a local engine)
   instead of a new ``docker exec`` (about 75 ms). Requests run on a fixed pool of threads, so a fork bomb that
   exhausts the pids limit cannot stop it answering. When its stdin closes, the owner process is gone (even after
   SIGKILL the kernel closes its socket), so it stops the container. While the verifier runs, it watches what the
@@ -74,8 +75,10 @@ SIDE_OOM_SCORE = 900  # then the verifier's and the terminal's: the daemon, main
 LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's log
 RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the report of the container's split
 SPLIT_REPORT = RUN_DIR + "/split"
-CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the host's channel over (channel.py has the same)
-CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host's relay before it stops the container
+CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the relay's streams over (channel.py has the same)
+CHANNEL_DIR = "/run/terminus-channel"  # a host folder a local engine mounts: the host connects there itself
+DIRECT, RELAY = "direct", "relay"  # how the host reaches the daemon (main's CHANNEL argument; channel.py has both)
+CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host before it stops the container
 SO_PEERCRED = 17
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
@@ -635,30 +638,32 @@ def write_hosts():
 
 
 def main_process(argv):
-    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER NETWORK -- COMMAND...``: split the container, run COMMAND
-    on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's ENTRYPOINT (a
-    file limit of 0 sets none). NETWORK says what to do first: "cut-off" cuts the container off the host (see
-    cut_off_host), "hosts" writes the /etc/hosts Docker gives a container without a network (see write_hosts),
-    anything else nothing. This process itself runs as root whatever the image says: it needs its capabilities.
+    """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER NETWORK CHANNEL -- COMMAND...``: split the container, run
+    COMMAND on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's
+    ENTRYPOINT (a file limit of 0 sets none). NETWORK says what to do first: "cut-off" cuts the container off the
+    host (see cut_off_host), "hosts" writes the /etc/hosts Docker gives a container without a network (see
+    write_hosts), anything else nothing. CHANNEL says how the host reaches the daemon (DIRECT or RELAY, see
+    take_channel). This process itself runs as root whatever the image says: it needs its capabilities.
 
     The split, in order: a helper makes the verifier's PID namespace, whose init ("the verifier's init") makes the
     agent's PID and mount namespaces; once those exist, this process mounts the host's private folders (so the
     agent's side never has them) and lets the verifier's init copy the host's mounts into a mount namespace of its
     own, with its own /proc. Every step reports a line on one pipe; the whole report lands in RUN_DIR/split.
     """
-    lifetime, handover, file_limit, user = float(argv[0]), float(argv[1]), int(argv[2]), argv[3]
-    command = argv[6:]
+    lifetime, handover, file_limit, user, network, channel = float(argv[0]), float(argv[1]), int(argv[2]), *argv[3:6]
+    command = argv[7:]
+    channel_folders = (CHANNEL_DIR,) if channel == DIRECT else ()  # shielded on the agent's and the verifier's sides
     deadline = time.monotonic() + lifetime
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
-    if argv[4] == "hosts":
+    if network == "hosts":
         write_hosts()
-    if argv[4] == "cut-off":
+    elif network == "cut-off":
         try:
             cut_off_host()
         except OSError as exc:  # nothing of the task may run then: say so to the daemon, which tells the host
             os.makedirs(RUN_DIR, exist_ok=True)
             _write_atomically(SPLIT_REPORT, "cannot cut the container off the host: {}\n".format(exc).encode())
-            fork_daemon(file_limit)  # which tells the host
+            fork_daemon(file_limit, channel)  # which tells the host
             time.sleep(lifetime)
             os._exit(1)
     program = seccomp_program()
@@ -676,7 +681,7 @@ def main_process(argv):
             unshare(CLONE_NEWPID)
             init = os.fork()
             if init == 0:
-                verifier_init(command, user, handover, keep, program, write_end, go_read, file_limit)
+                verifier_init(command, user, handover, keep, program, write_end, go_read, file_limit, channel_folders)
             os.write(write_end, "verifier {}\n".format(init).encode())
             os.close(write_end)
             os.close(go_read)
@@ -702,7 +707,7 @@ def main_process(argv):
         os.close(go_write)
     os.close(read_end)
     _write_atomically(SPLIT_REPORT, report)
-    fork_daemon(file_limit)
+    fork_daemon(file_limit, channel)
     confine(keep, program)
     for line in report.decode("utf-8", "replace").splitlines():  # the log's own lines, told apart by their prefix
         sys.stderr.write(LOG_PREFIX + line + "\n")
@@ -717,10 +722,11 @@ def main_process(argv):
     os._exit(0)
 
 
-def verifier_init(command, user, handover, keep, program, report, go, file_limit):
+def verifier_init(command, user, handover, keep, program, report, go, file_limit, channel_folders):
     """PID 1 of the verifier's namespace. It starts the agent's side, waits until the host's private folders are
-    mounted, takes a copy of the host's mounts with a /proc of its own, then reaps orphans for ever: what the
-    verifier leaves behind ends up here, where the daemon stops it."""
+    mounted, takes a copy of the host's mounts with a /proc of its own and the channel's folder shielded (a
+    folder of the host machine's: nothing may write there), then reaps orphans for ever: what the verifier leaves
+    behind ends up here, where the daemon stops it."""
     try:
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(number, signal.SIG_IGN)
@@ -732,7 +738,8 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
                 os.write(report, b"agent-split\n")
                 init = os.fork()
                 if init == 0:
-                    agent_init(command, user, handover, keep, program, report, file_limit)
+                    shielded = tuple(path for path, _ in PRIVATE_MOUNTS) + channel_folders
+                    agent_init(command, user, handover, keep, program, report, file_limit, shielded)
                 os.close(report)
                 os._exit(_exit_code(os.waitpid(init, 0)[1]))
             except BaseException as exc:  # noqa: BLE001
@@ -742,6 +749,7 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         _mount_proc()
+        _shield_private_folders(channel_folders)
         confine(keep, program)
         os.write(report, b"verifier-ready\n")
         os.close(report)
@@ -750,12 +758,12 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
     _reap_forever()
 
 
-def agent_init(command, user, handover, keep, program, report, file_limit):
-    """PID 1 of the agent's namespace: its own /proc, the host's folders shielded, then COMMAND confined (as
-    ``user`` unless empty), then reap orphans for ever."""
+def agent_init(command, user, handover, keep, program, report, file_limit, shielded):
+    """PID 1 of the agent's namespace: its own /proc, the host's folders (``shielded``) shielded, then COMMAND
+    confined (as ``user`` unless empty), then reap orphans for ever."""
     try:
         _mount_proc()
-        _shield_private_folders()
+        _shield_private_folders(shielded)
         if file_limit:  # inherited by everything the agent's side starts from here
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -794,13 +802,13 @@ def _reap_forever():
             time.sleep(0.1)
 
 
-def _shield_private_folders():
-    """Make each of the host's private folders, and every folder above it, a mount point of the agent's own
-    namespace. Since Linux 3.18, removing or renaming a folder that is a mount point only in another namespace
+def _shield_private_folders(paths):
+    """Make each of the host's private folders (``paths``), and every folder above it, a mount point of the agent's
+    own namespace. Since Linux 3.18, removing or renaming a folder that is a mount point only in another namespace
     succeeds and silently detaches that mount; a mount point of the caller's own namespace is refused (EBUSY), and
     the agent cannot unmount anything. The private folders themselves become empty and read-only here."""
     pinned = set()
-    for path, _ in PRIVATE_MOUNTS:
+    for path in paths:
         parts = path.strip("/").split("/")
         for depth in range(1, len(parts)):
             ancestor = "/" + "/".join(parts[:depth])
@@ -1874,11 +1882,11 @@ class _NoImports:
     find_module = find_spec  # Python < 3.4 spelling, harmless elsewhere
 
 
-def fork_daemon(file_limit):
+def fork_daemon(file_limit, channel):
     """Start the control daemon as a child of this process, on the host's side, once the container is split (or
-    failed to split: the daemon tells the host why). It takes over the host's channel from the relay (see
-    take_channel), serves it until the host hangs up, then stops the container. Forking reuses this process's
-    interpreter and compiled code, about 75 ms of CPU a start against a second interpreter."""
+    failed to split: the daemon tells the host why). It takes the host's channel (see take_channel), serves it
+    until the host hangs up, then stops the container. Forking reuses this process's interpreter and compiled
+    code, about 75 ms of CPU a start against a second interpreter."""
     if os.fork():
         return
     code = 0
@@ -1886,12 +1894,14 @@ def fork_daemon(file_limit):
         prctl(PR_SET_DUMPABLE, 0)
         _libc.prctl(PR_SET_NAME, ctypes.c_char_p(b"terminus-daemon"), 0, 0, 0)  # its cmdline is the main process's
         try:
-            relay = take_channel(CHANNEL_SOCKET, CHANNEL_WAIT_S)
-        except socket.timeout:  # the host gave up on this container: nobody will ever talk to it
+            path = CHANNEL_DIR + "/channel" if channel == DIRECT else CHANNEL_SOCKET
+            connection = take_channel(path, channel, CHANNEL_WAIT_S)
+        except BaseException:  # the host gave up, or a peer that is not the host came: nobody will talk to it
+            traceback.print_exc()
             os.kill(1, signal.SIGTERM)
             os._exit(1)
         daemon_main(file_limit)
-        relay.close()
+        connection.close()
     except BaseException:  # noqa: BLE001 - a child of the main process must never return into it
         traceback.print_exc()
         code = 1
@@ -1899,11 +1909,24 @@ def fork_daemon(file_limit):
         os._exit(code)
 
 
-def take_channel(path, wait_s):
-    """Wait for the host's relay (channel.py: a ``docker exec`` that connects to ``path``, a socket on the host's
-    side, where the agent's and the verifier's sides cannot reach it) and make the three standard streams it
-    passes over (the exec's stdin, stdout and stderr) this process's own. Returns the relay's connection, to be
-    held open: the relay lives, and the exec with it, until this process ends."""
+def take_channel(path, channel, wait_s):
+    """Reach the host through socket ``path`` and make its channel this process's stdin and stdout. Returns the
+    connection, to be held open until this process ends.
+
+    DIRECT: the host listens on a socket in CHANNEL_DIR, a folder of the host's that a local engine mounts (the
+    agent's and the verifier's sides have it covered), and this process connects to it; the peer must be outside
+    the container's PID namespace (pid 0 as this process sees it), so nothing in the container can pose as the
+    host. The socket carries the JSON lines both ways, and what this process writes to its stderr goes on it as
+    lines of their own (ErrorLines). RELAY: the host's ``docker exec`` runs channel.py's relay, which connects to
+    CHANNEL_SOCKET on the host's side (the agent's and the verifier's sides have their own RUN_DIR) and passes its
+    stdin, stdout and stderr over; this process takes one connection from root, then removes the socket.
+    """
+    if channel == DIRECT:
+        host = _connect_to_host(path, wait_s)
+        os.dup2(host.fileno(), 0)
+        os.dup2(host.fileno(), 1)
+        sys.stderr = ErrorLines()
+        return host
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
@@ -1918,9 +1941,8 @@ def take_channel(path, wait_s):
         except OSError:
             pass
     relay.settimeout(None)
-    uid = struct.unpack("3i", relay.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, 12))[1]
-    if uid != 0:
-        raise PermissionError("the channel's relay runs as uid {}, not root".format(uid))
+    if _peer(relay)[1] != 0:
+        raise PermissionError("the channel's relay runs as uid {}, not root".format(_peer(relay)[1]))
     _, ancillary, _, _ = relay.recvmsg(1, socket.CMSG_SPACE(3 * 4))
     fds = [fd for level, kind, data in ancillary if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
            for fd in struct.unpack("{}i".format(len(data) // 4), data[: len(data) // 4 * 4])]  # fmt: skip
@@ -1932,17 +1954,74 @@ def take_channel(path, wait_s):
     return relay
 
 
+def _connect_to_host(path, wait_s):
+    """The host listens before the container starts: looks are for a host that is slow to, not a race."""
+    deadline, pause = time.monotonic() + wait_s, 0.001
+    while True:
+        host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            host.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            host.close()
+            if time.monotonic() > deadline:
+                raise socket.timeout("the host did not listen on {} within {} s".format(path, wait_s)) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    pid, uid = _peer(host)
+    if pid != 0 or uid != 0:
+        raise PermissionError("the channel's peer is process {} (uid {}) of this container, not the host"
+                              .format(pid, uid))  # fmt: skip
+    return host
+
+
+def _peer(connection):
+    """(pid, uid) of a unix socket's peer, as this process's namespaces see them (pid 0: outside them)."""
+    pid, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, 12))
+    return pid, uid
+
+
+_SEND_LOCK = threading.Lock()
+
+
+def send(message):
+    """One JSON line to the host, whole: replies come from many threads."""
+    data = (json.dumps(message) + "\n").encode()
+    with _SEND_LOCK:
+        while data:
+            data = data[os.write(1, data) :]
+
+
+class ErrorLines:
+    """The daemon's stderr on a DIRECT channel: each line as ``{"stderr": line}`` (the container's log, where fd 2
+    goes, is gone with the container; the host keeps what came for its diagnosis)."""
+
+    def __init__(self):
+        self.pending = ""
+
+    def write(self, text):
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self._send(line + "\n")
+        return len(text)
+
+    def flush(self):
+        if self.pending:
+            self._send(self.pending)
+            self.pending = ""
+
+    @staticmethod
+    def _send(text):
+        try:
+            send({"stderr": text})
+        except OSError:  # the host is gone: nobody to tell
+            pass
+
+
 def daemon_main(file_limit):
     """Serve the host's requests on stdin/stdout, then stop the container when the host hangs up."""
     warnings.simplefilter("ignore")
-    lock = threading.Lock()
-
-    def reply(message):
-        data = (json.dumps(message) + "\n").encode()
-        with lock:
-            while data:
-                data = data[os.write(1, data) :]
-
     setup_error = None
     daemon = None
     try:
@@ -1973,7 +2052,7 @@ def daemon_main(file_limit):
             except Exception as exc:  # noqa: BLE001 - every failure goes back to the host, never kills the daemon
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 result = {"id": req.get("id"), "ok": False, "error": detail}
-            reply(result)
+            send(result)
 
     for _ in range(WORKERS):
         threading.Thread(target=serve, daemon=True).start()
@@ -1983,7 +2062,7 @@ def daemon_main(file_limit):
             if not isinstance(req, dict):
                 raise ValueError("a request must be a JSON object")
         except ValueError as exc:
-            reply({"id": None, "ok": False, "error": "unreadable request: {}".format(exc)})
+            send({"id": None, "ok": False, "error": "unreadable request: {}".format(exc)})
             continue
         requests.put(req)
     os.kill(1, signal.SIGTERM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import docker
 
+from terminus_env.sandbox.channel import reap_folders
 from terminus_env.sandbox.cleanup import remove_container, remove_network
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.owner import LABEL, Owner
@@ -11,7 +12,7 @@ from terminus_env.sandbox.owner import LABEL, Owner
 
 def reap(include_live_owners: bool = False, client: docker.DockerClient | None = None) -> int:
     """Remove sandbox containers (sidecars included) of dead owners (of every owner with ``include_live_owners``),
-    then their episode networks; returns how many containers it removed."""
+    then their episode networks and channel folders; returns how many containers it removed."""
     client = connect(client)
     removed = 0
     for summary in client.api.containers(all=True, filters={"label": LABEL}):
@@ -23,4 +24,5 @@ def reap(include_live_owners: bool = False, client: docker.DockerClient | None =
         owner = Owner.from_labels(network.get("Labels") or {})
         if include_live_owners or owner is None or not owner.alive():
             remove_network(client, network["Name"], wait_s=0)
+    reap_folders()
     return removed

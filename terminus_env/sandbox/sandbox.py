@@ -32,7 +32,15 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
-from terminus_env.sandbox.channel import LOG_PREFIX, MAIN_COMMAND, Channel, main_environment
+from terminus_env.sandbox.channel import (
+    LOG_PREFIX,
+    MAIN_COMMAND,
+    Channel,
+    ChannelFolder,
+    Route,
+    channel_route,
+    main_environment,
+)
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
 from terminus_env.sandbox.docker_client import connect
@@ -126,16 +134,14 @@ class Sandbox:
     ) -> Sandbox:
         creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec, run, services))
         try:
-            container_id, image, layer = await asyncio.shield(creating)
+            container_id, image, layer, folder = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
-            creating.add_done_callback(
-                lambda done: done.cancelled() or done.exception() or _discard(client, done.result()[0])
-            )
+            creating.add_done_callback(lambda done: done.cancelled() or done.exception() or _abandon(client, done))
             raise
         try:
             user = spec.user or image.user or None
             workdir = spec.workdir or image.workdir or None
-            channel, handover = await Channel.open(client, container_id, HANDOVER_S)
+            channel, handover = await Channel.open(client, container_id, HANDOVER_S, folder)
             if handover != "ready":
                 await channel.close()
                 raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
@@ -342,11 +348,33 @@ class _ImageDefaults:
     workdir: str = ""
 
 
+def _abandon(client: docker.DockerClient, created: asyncio.Future[tuple[str, Any, Any, ChannelFolder | None]]) -> None:
+    container_id, _, _, folder = created.result()
+    _discard(client, container_id)
+    if folder is not None:
+        folder.remove()
+
+
 def _create(
     client: docker.DockerClient, spec: SandboxSpec, run: str, services: EpisodeServices | None
-) -> tuple[str, _ImageDefaults, Layer]:
+) -> tuple[str, _ImageDefaults, Layer, ChannelFolder | None]:
     """Create and start the container (on the services' network, if any); returns its id, the image's default
-    user and working folder, and its writable layer as the disk watch measures it."""
+    user and working folder, its writable layer as the disk watch measures it, and the folder its DIRECT channel
+    comes through (None: through the relay)."""
+    info = _engine_info(client)
+    folder = ChannelFolder.make() if channel_route(client, info) is Route.DIRECT else None
+    try:
+        return _create_in(client, spec, run, services, info, folder)
+    except BaseException:
+        if folder is not None:
+            folder.remove()
+        raise
+
+
+def _create_in(
+    client: docker.DockerClient, spec: SandboxSpec, run: str, services: EpisodeServices | None,
+    info: dict[str, Any], folder: ChannelFolder | None,
+) -> tuple[str, _ImageDefaults, Layer, ChannelFolder | None]:  # fmt: skip
     try:
         config = client.api.inspect_image(spec.image).get("Config") or {}
     except ImageNotFound as exc:
@@ -355,7 +383,6 @@ def _create(
         ) from exc
     except APIError as exc:
         raise SandboxError(f"cannot inspect image {spec.image!r}: {exc.explanation or exc}") from exc
-    info = _engine_info(client)
     engine = info.get("ID") or client.api.base_url  # base_url alone is the same for every engine on a unix socket
     lifetime = str(math.ceil(spec.lifetime_s))
     network, network_options = _network(spec, services)
@@ -363,7 +390,7 @@ def _create(
     options: dict[str, Any] = dict(
         entrypoint=[
             *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "",
-            network, "--",
+            network, Route.RELAY.value if folder is None else Route.DIRECT.value, "--",
             *(config.get("Entrypoint") or []),
         ],
         command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does
@@ -383,6 +410,7 @@ def _create(
         log_config=LogConfig(type="json-file", config=LOG_LIMIT),
         tmpfs={path: options for path, options in spec.tmpfs},
         extra_hosts=dict(spec.extra_hosts),
+        mounts=[] if folder is None else [folder.mount()],
         **({} if spec.shm_size_mb is None else {"shm_size": f"{spec.shm_size_mb}m"}),
     )
     options.update(network_options)
@@ -406,7 +434,7 @@ def _create(
         raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
     upper_dir = ((container.attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
     layer = Layer(container.id, engine, spec.effective_storage_mb, enforced, readable_layer(upper_dir))
-    return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), layer
+    return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), layer, folder
 
 
 def _network(spec: SandboxSpec, services: EpisodeServices | None) -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,193 @@
+"""The control channel's rules that need no Docker: which route a host takes, who the daemon takes as the host,
+the channel folders the reaper removes, and how the host reads a DIRECT channel's lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from terminus_env import config
+from terminus_env.config import ConfigError
+from terminus_env.sandbox import daemon
+from terminus_env.sandbox.channel import (
+    LOCAL_ENGINE_URL,
+    Channel,
+    ChannelFolder,
+    Route,
+    channel_route,
+    direct_unreachable,
+    reap_folders,
+)
+from terminus_env.sandbox.owner import process_start
+
+LOCAL = {"Name": "box", "DockerRootDir": "/var/lib/docker", "SecurityOptions": ["name=seccomp,profile=default"]}
+
+
+def unreachable(**changes: Any) -> str | None:
+    arguments: dict[str, Any] = {"base_url": LOCAL_ENGINE_URL, "info": LOCAL, "hostname": "box", "euid": 0}
+    arguments.update(changes)
+    return direct_unreachable(is_dir=lambda path: path in ("/var/lib/docker", "/run/user/1000"), **arguments)
+
+
+def test_a_local_engine_with_a_root_owner_is_reached_directly() -> None:
+    assert unreachable() is None
+    assert unreachable(euid=1000, info={**LOCAL, "SecurityOptions": ["name=rootless"]}) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"base_url": "http://10.0.0.2:2375"}, "not on a local unix socket"),
+        ({"base_url": "http+docker://ssh"}, "not on a local unix socket"),
+        ({"hostname": "laptop", "info": {**LOCAL, "Name": "docker-desktop"}}, "another machine or in a VM"),
+        ({"info": {}}, "another machine or in a VM"),  # `docker info` failed: say nothing, take the relay
+        ({"info": {**LOCAL, "SecurityOptions": ["name=userns"]}}, "userns-remap"),
+        ({"euid": 1000}, "not root and the engine is not rootless"),
+        ({"euid": 1001, "info": {**LOCAL, "SecurityOptions": ["name=rootless"]}}, "no runtime folder"),
+        ({"info": {**LOCAL, "DockerRootDir": "/mnt/other"}}, "data root is not on this file system"),
+    ],
+    ids=["tcp", "ssh", "vm", "no-info", "userns", "user", "no-runtime-folder", "other-fs"],
+)
+def test_an_engine_that_cannot_see_our_folders_takes_the_relay(changes: dict[str, Any], why: str) -> None:
+    reason = unreachable(**changes)
+    assert reason is not None and why in reason
+
+
+class Api:
+    base_url = "http://10.0.0.2:2375"
+
+
+class Client:
+    api = Api()
+
+
+def test_the_route_setting_chooses_and_a_wrong_one_is_a_clear_error() -> None:
+    environ = {config.SANDBOX_CHANNEL: "relay"}
+    assert channel_route(Client(), LOCAL, environ) is Route.RELAY  # type: ignore[arg-type]
+    assert channel_route(Client(), LOCAL, {}) is Route.RELAY  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="=direct, but the engine is not on a local unix socket"):
+        channel_route(Client(), LOCAL, {config.SANDBOX_CHANNEL: "direct"})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="names no route: set it to auto, direct or relay"):
+        channel_route(Client(), LOCAL, {config.SANDBOX_CHANNEL: "pipe"})  # type: ignore[arg-type]
+
+
+def test_the_reaper_removes_the_folders_of_owners_that_are_gone(tmp_path: Path) -> None:
+    live = ChannelFolder.make(tmp_path)
+    assert live.path.name.startswith(f"{os.getpid()}-{process_start(os.getpid())}-")
+    assert oct(live.path.stat().st_mode & 0o777) == "0o700"
+    dead = tmp_path / f"{os.getpid()}-1-abc"  # our pid, another start time: an earlier process with this pid
+    stray = tmp_path / "not-ours"
+    for path in (dead, stray):
+        path.mkdir()
+        (path / "channel").write_text("")
+    assert reap_folders(tmp_path) == 2
+    assert sorted(tmp_path.iterdir()) == [live.path]
+    live.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_daemon_takes_no_host_from_inside_the_container(tmp_path: Path) -> None:
+    """The attack: a process of the container (anything the agent starts, a `docker exec`) listens where the daemon
+    looks for the host, to receive its requests' answers or send it requests. Its pid is visible in the daemon's
+    PID namespace (the host's is 0 there), so the daemon refuses it: the container then ends, fail closed."""
+    path = str(tmp_path / "channel")
+    impostor = socket.socket(socket.AF_UNIX)
+    impostor.bind(path)
+    impostor.listen(1)
+    with pytest.raises(PermissionError, match=f"process {os.getpid()} .* not the host"):
+        daemon.take_channel(path, daemon.DIRECT, 5)
+    impostor.close()
+
+
+def test_the_daemon_gives_up_on_a_host_that_never_listens(tmp_path: Path) -> None:
+    with pytest.raises(socket.timeout, match="did not listen"):
+        daemon.take_channel(str(tmp_path / "channel"), daemon.DIRECT, 0.05)
+
+
+def test_a_channel_folder_listens_from_the_start_and_stops_once_connected(tmp_path: Path) -> None:
+    folder = ChannelFolder.make(tmp_path)
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(folder.socket_path)  # the host listens before the container exists
+    folder.stop_listening()
+    assert list(folder.path.iterdir()) == []
+    client.close()
+    folder.remove()
+    assert not folder.path.exists()
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def drain(self) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_direct_channel_reads_replies_in_pieces_and_the_daemons_stderr_lines(tmp_path: Path) -> None:
+    """A reply of megabytes arrives in many reads; a line of the daemon's stderr (no id) is kept apart, so a
+    traceback there still tells our bugs from the agent's doing; anything else is dropped and counted. Closing
+    the channel removes its folder."""
+    folder = ChannelFolder.make(tmp_path)
+
+    async def scenario() -> tuple[dict[str, Any], str, int]:
+        reader = asyncio.StreamReader()
+        channel = Channel(reader, Writer(), folder)  # type: ignore[arg-type]
+        asking = asyncio.ensure_future(channel.request("read", 5))
+        await asyncio.sleep(0)
+        big = json.dumps({"id": 0, "ok": True, "data": "x" * 3_000_000}).encode()
+        reader.feed_data(b'{"stderr": "Traceback (most recent call last):\\n"}\nnot json\n' + big[:1000])
+        for start in range(1000, len(big), 70_000):
+            await asyncio.sleep(0)
+            reader.feed_data(big[start : start + 70_000])
+        reader.feed_data(b"\n")
+        reply = await asking
+        await channel.close()
+        return reply, channel.stderr, channel.dropped_lines
+
+    reply, stderr, dropped = asyncio.run(scenario())
+    assert reply["data"] == "x" * 3_000_000
+    assert stderr == "Traceback (most recent call last):\n" and dropped == 1
+    assert not folder.path.exists()
+
+
+def test_the_daemons_stderr_goes_on_the_channel_as_lines(tmp_path: Path) -> None:
+    """What the daemon writes to stderr on a DIRECT channel (a traceback of ours) reaches the host as JSON lines
+    between its replies, and a line is never split by a reply sent from another thread."""
+    read_end, write_end = os.pipe()
+    saved = os.dup(1)
+    os.dup2(write_end, 1)
+    try:
+        lines = daemon.ErrorLines()
+        lines.write("Traceback (most recent call last):\n  File ")
+        daemon.send({"id": 3, "ok": True})
+        lines.write('"x", line 1\nValueError: no\n')
+        lines.write("tail")
+        lines.flush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        sent = [json.loads(line) for line in pipe.read().splitlines()]
+    assert sent == [
+        {"stderr": "Traceback (most recent call last):\n"},
+        {"id": 3, "ok": True},
+        {"stderr": '  File "x", line 1\n'},
+        {"stderr": "ValueError: no\n"},
+        {"stderr": "tail"},
+    ]
