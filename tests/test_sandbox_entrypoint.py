@@ -169,11 +169,12 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
 
 
 def test_the_host_and_the_container_agree_on_names() -> None:
-    from terminus_env.sandbox import channel, daemon
+    from terminus_env.sandbox import channel, daemon, sandbox
 
     assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (daemon.LOG_PREFIX, daemon.CHANNEL_SOCKET)
     assert channel.CHANNEL_DIR == daemon.CHANNEL_DIR
     assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (daemon.DIRECT, daemon.RELAY)
+    assert [word.value for word in sandbox.Network] == [daemon.HOSTS, daemon.CUT_OFF, daemon.AS_IS]
 
 
 @pytest.mark.parametrize("magic, runs", [(None, "compiled"), (b"\x00\x00\r\n", "source")])

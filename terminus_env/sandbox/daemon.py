@@ -78,6 +78,7 @@ SPLIT_REPORT = RUN_DIR + "/split"
 CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the relay's streams over (channel.py has the same)
 CHANNEL_DIR = "/run/terminus-channel"  # a host folder a local engine mounts: the host connects there itself
 DIRECT, RELAY = "direct", "relay"  # how the host reaches the daemon (main's CHANNEL argument; channel.py has both)
+HOSTS, CUT_OFF, AS_IS = "hosts", "cut-off", "as-is"  # what main does about the network first (sandbox.py has them)
 CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host before it stops the container
 SO_PEERCRED = 17
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
@@ -640,8 +641,8 @@ def write_hosts():
 def main_process(argv):
     """``main LIFETIME_S HANDOVER_S FILE_LIMIT_BYTES USER NETWORK CHANNEL -- COMMAND...``: split the container, run
     COMMAND on the agent's side as USER, the image's USER ("" for root), as Docker would have run the image's
-    ENTRYPOINT (a file limit of 0 sets none). NETWORK says what to do first: "cut-off" cuts the container off the
-    host (see cut_off_host), "hosts" writes the /etc/hosts Docker gives a container without a network (see
+    ENTRYPOINT (a file limit of 0 sets none). NETWORK says what to do first: CUT_OFF cuts the container off the
+    host (see cut_off_host), HOSTS writes the /etc/hosts Docker gives a container without a network (see
     write_hosts), anything else nothing. CHANNEL says how the host reaches the daemon (DIRECT or RELAY, see
     take_channel). This process itself runs as root whatever the image says: it needs its capabilities.
 
@@ -655,9 +656,9 @@ def main_process(argv):
     channel_folders = (CHANNEL_DIR,) if channel == DIRECT else ()  # shielded on the agent's and the verifier's sides
     deadline = time.monotonic() + lifetime
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
-    if network == "hosts":
+    if network == HOSTS:
         write_hosts()
-    elif network == "cut-off":
+    elif network == CUT_OFF:
         try:
             cut_off_host()
         except OSError as exc:  # nothing of the task may run then: say so to the daemon, which tells the host

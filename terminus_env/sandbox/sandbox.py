@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import io
 import math
 import tarfile
@@ -390,7 +391,7 @@ def _create_in(
     options: dict[str, Any] = dict(
         entrypoint=[
             *MAIN_COMMAND, lifetime, str(HANDOVER_S), file_limit, config.get("User") or "",
-            network, Route.RELAY.value if folder is None else Route.DIRECT.value, "--",
+            network.value, Route.RELAY.value if folder is None else Route.DIRECT.value, "--",
             *(config.get("Entrypoint") or []),
         ],
         command=["sleep", lifetime],  # the keep-alive, handed to the image's ENTRYPOINT as Harbor does
@@ -437,18 +438,26 @@ def _create_in(
     return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), layer, folder
 
 
-def _network(spec: SandboxSpec, services: EpisodeServices | None) -> tuple[str, dict[str, Any]]:
+class Network(enum.Enum):
+    """What the main process does about the network first (its NETWORK argument; daemon.py has the same words)."""
+
+    HOSTS = "hosts"  # write the /etc/hosts Docker writes for a container without a network
+    CUT_OFF = "cut-off"  # cut the container off the host, keeping its sidecars
+    AS_IS = "as-is"  # nothing
+
+
+def _network(spec: SandboxSpec, services: EpisodeServices | None) -> tuple[Network, dict[str, Any]]:
     """The container's network options, and what the main process does about them first (its NETWORK argument).
     Without internet or sidecars the network is disabled rather than ``none``: the same loopback-only namespace
     without Docker's network set-up, which was ~200 ms of a start here (the main process writes the /etc/hosts
     that set-up would have); ``extra_hosts`` need that set-up, so they keep ``none``."""
     if services is not None:
-        return ("as-is" if spec.allow_internet else "cut-off"), services.main_options()
+        return (Network.AS_IS if spec.allow_internet else Network.CUT_OFF), services.main_options()
     if spec.allow_internet:
-        return "as-is", {}
+        return Network.AS_IS, {}
     if spec.extra_hosts:
-        return "as-is", {"network_mode": "none"}
-    return "hosts", {"network_disabled": True}
+        return Network.AS_IS, {"network_mode": "none"}
+    return Network.HOSTS, {"network_disabled": True}
 
 
 def _create_container(
