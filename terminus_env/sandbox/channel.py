@@ -1,9 +1,11 @@
 """The host end of the control channel to a sandbox's daemon, by one of two routes (daemon.py, take_channel).
 
-DIRECT, on a local engine: the host makes a folder of its own for the sandbox, the engine mounts it into the
-container, the daemon listens there once the container is split, and the host connects to that socket itself
-(then removes the folder). One unix socket carries JSON lines both ways: a round trip costs ~0.1 ms and a start
-needs no ``docker exec``.
+DIRECT, on a local engine: the host makes a folder of its own for the sandbox and listens on a socket there, the
+engine mounts the folder into the container, and the daemon connects once the container is split. One unix socket
+carries JSON lines both ways: a round trip costs ~0.1 ms and a start needs no ``docker exec``. The host takes the
+first connection as the daemon's: only the container's first namespaces (the main process, the daemon and what
+the host itself execs there) have the folder; the agent's and the verifier's sides have it covered from before
+anything of theirs runs.
 
 RELAY, on any engine: one long-lived ``docker exec`` per container runs a small relay that passes its stdin,
 stdout and stderr to the daemon over a socket on the host's side of the container, then waits. So the exec's

@@ -76,7 +76,7 @@ LOG_PREFIX = "terminus-env: "  # on the main process's lines in the container's 
 RUN_DIR = "/run/terminus"  # the host side's own tmpfs: the report of the container's split
 SPLIT_REPORT = RUN_DIR + "/split"
 CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the relay's streams over (channel.py has the same)
-CHANNEL_DIR = "/run/terminus-channel"  # a host folder a local engine mounts: the host connects there itself
+CHANNEL_DIR = "/run/terminus-channel"  # a host folder a local engine mounts, where the host listens (DIRECT)
 DIRECT, RELAY = "direct", "relay"  # how the host reaches the daemon (main's CHANNEL argument; channel.py has both)
 HOSTS, CUT_OFF, AS_IS = "hosts", "cut-off", "as-is"  # what main does about the network first (sandbox.py has them)
 CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host before it stops the container
@@ -1942,8 +1942,9 @@ def take_channel(path, channel, wait_s):
         except OSError:
             pass
     relay.settimeout(None)
-    if _peer(relay)[1] != 0:
-        raise PermissionError("the channel's relay runs as uid {}, not root".format(_peer(relay)[1]))
+    _, uid = _peer(relay)
+    if uid != 0:
+        raise PermissionError("the channel's relay runs as uid {}, not root".format(uid))
     _, ancillary, _, _ = relay.recvmsg(1, socket.CMSG_SPACE(3 * 4))
     fds = [fd for level, kind, data in ancillary if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
            for fd in struct.unpack("{}i".format(len(data) // 4), data[: len(data) // 4 * 4])]  # fmt: skip
@@ -1999,18 +2000,21 @@ class ErrorLines:
 
     def __init__(self):
         self.pending = ""
+        self.lock = threading.Lock()  # tracebacks may come from several threads at once
 
     def write(self, text):
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
+        with self.lock:
+            self.pending += text
+            *lines, self.pending = self.pending.split("\n")
         for line in lines:
             self._send(line + "\n")
         return len(text)
 
     def flush(self):
-        if self.pending:
-            self._send(self.pending)
-            self.pending = ""
+        with self.lock:
+            pending, self.pending = self.pending, ""
+        if pending:
+            self._send(pending)
 
     @staticmethod
     def _send(text):
