@@ -491,14 +491,25 @@ def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.Docker
         run(sandbox.close())
 
 
-def test_an_image_without_python3_is_a_clear_error(run: Runner, client: docker.DockerClient, tmp_path: Path) -> None:
-    (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f /usr/bin/python3*\n")
-    tag = ensure_image(tmp_path, "sandbox-test-no-python")
+@pytest.mark.parametrize(
+    ("removed", "error"),
+    [("/usr/bin/python3*", "needs python3"), ("/usr/bin/tmux", "the image needs tmux and bash")],
+    ids=["python3", "tmux"],
+)
+def test_an_image_without_python3_or_tmux_is_a_clear_error(
+    run: Runner, client: docker.DockerClient, tmp_path: Path, removed: str, error: str
+) -> None:
+    """The start fails before (python3) or after (tmux) the channel is open: either way it says what the image
+    lacks, and leaves neither the container nor the channel's folder behind."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f {removed}\n")
+    tag = ensure_image(tmp_path, f"sandbox-test-no-{removed.split('/')[-1].rstrip('*')}")
     folders = set(folder_root().iterdir()) if folder_root().is_dir() else set()
+    containers = set(containers_of_pid(os.getpid()))
     try:
-        with pytest.raises(SandboxError, match="needs python3"):
+        with pytest.raises(SandboxError, match=error):
             run(Sandbox.start(SandboxSpec(tag)))
         assert (set(folder_root().iterdir()) if folder_root().is_dir() else set()) == folders  # its folder went
+        assert set(containers_of_pid(os.getpid())) <= containers
     finally:
         client.images.remove(tag, force=True)
 

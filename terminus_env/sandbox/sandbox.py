@@ -139,6 +139,7 @@ class Sandbox:
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
             creating.add_done_callback(lambda done: done.cancelled() or done.exception() or _abandon(client, done))
             raise
+        channel = None
         try:
             user = spec.user or image.user or None
             workdir = spec.workdir or image.workdir or None
@@ -149,6 +150,8 @@ class Sandbox:
             terminal = await Terminal.start(channel, user=user, workdir=workdir)
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
+            if channel is not None:  # its reading task and its folder go too (Channel.open cleans up after itself)
+                await channel.close()
             raise
         return cls(spec, client, container_id, channel, terminal, user, layer, services, workdir)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from terminus_env.sandbox.channel import Channel
-from terminus_env.sandbox.errors import SandboxError, TerminalGone
+from terminus_env.sandbox.errors import AgentCaused, SandboxError, TerminalGone
 from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES, cap_text
 
 WIDTH, HEIGHT = 160, 40
@@ -70,7 +70,10 @@ class Terminal:
             "new-session", "-d", "-s", TARGET, "-x", str(WIDTH), "-y", str(HEIGHT),
             *(["-c", workdir] if workdir else []), "-P", "-F", "#{pane_pid} #{pane_tty}", "bash", "--login",
         ]  # fmt: skip
-        reply = await channel.request("tmux", 30, argv=argv, user=user)
+        try:
+            reply = await channel.request("tmux", 30, argv=argv, user=user)
+        except AgentCaused as exc:  # nothing of the agent's has run yet: the image lacks what the terminal needs
+            raise SandboxError(f"cannot start tmux in the sandbox ({exc}); the image needs tmux and bash") from exc
         if reply["rc"] != 0:
             detail = reply["err"].strip()
             raise SandboxError(f"cannot start tmux in the sandbox ({detail}); the image needs tmux and bash")
