@@ -4,9 +4,9 @@ whichever the container's Python can.
 
 One source rather than the package on ``sys.path``: a container has no copy of the package, and making one (a zip
 written into the container, or a finder over a dict of modules) costs more at each start than executing one code
-object does (docs/notes/sandbox.md has the figures). So the modules follow rules a test holds them to: they import
-the standard library and each other only (``from .module import name``, at the top of a module, no alias), their
-imports of each other form no cycle, and no two of them define the same name.
+object does (docs/notes/sandbox.md has the figures). So the modules follow rules the join enforces (JoinError): they
+import the standard library and each other only (``from .module import name``, at the top of a module, no alias),
+their imports of each other form no cycle, and no two of them define the same name.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ _MAIN_BOOTSTRAP = (
 MAIN_COMMAND = ["python3", "-I", "-S", "-c", _MAIN_BOOTSTRAP, "main"]
 ENTRY_MODULE = "main"
 """The module that runs the container's main process: the joined source ends with it."""
-OLDEST_PYTHON = (3, 6)
-"""The oldest python3 an image may hold: the modules are parsed with its grammar."""
 _STDLIB = frozenset(sys.stdlib_module_names)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
            ast.GeneratorExp)  # fmt: skip
@@ -99,13 +97,7 @@ class _Module:
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
-        try:
-            tree = ast.parse(source, filename=f"inside/{name}.py", feature_version=OLDEST_PYTHON)
-        except SyntaxError as exc:
-            raise JoinError(
-                f"inside/{name}.py:{exc.lineno}: {exc.msg} in Python {'.'.join(map(str, OLDEST_PYTHON))}'s grammar; "
-                "the in-container code runs on the image's python3"
-            ) from None
+        tree = ast.parse(source, filename=f"inside/{name}.py")
         self.needs: dict[str, list[str]] = {}  # module -> names taken from it
         self.import_lines: set[int] = set()  # 1-based lines of the imports of other modules, left out when joined
         self.defined: set[str] = set()
@@ -113,7 +105,7 @@ class _Module:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level and node not in tree.body:
                 raise JoinError(f"inside/{name}.py:{node.lineno}: import the other modules at the top of the module")
-            if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom) and not node.level:
+            if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
                 self._check_stdlib(node)
             if isinstance(node, ast.Global):  # a function's global binds a name of the one namespace
                 self.defined.update(node.names)
@@ -124,7 +116,7 @@ class _Module:
                 for bound, by_import in _bound_names(node):
                     (self.imported if by_import else self.defined).add(bound)
         other_lines = {
-            line for node in tree.body if node.lineno not in self.import_lines
+            line for node in tree.body if not (isinstance(node, ast.ImportFrom) and node.level)
             for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
         }  # fmt: skip
         if other_lines & self.import_lines:
@@ -180,9 +172,8 @@ def _import_order(modules: dict[str, _Module]) -> list[str]:
     visit(ENTRY_MODULE)
     unreached = sorted(set(modules) - set(order))
     if unreached:
-        raise JoinError(
-            f"inside/ {', '.join(unreached)} would not ship: nothing {ENTRY_MODULE}.py imports imports it"
-        )
+        listed = ", ".join(f"inside/{name}.py" for name in unreached)
+        raise JoinError(f"{listed} would not ship: neither {ENTRY_MODULE}.py nor a module it imports imports it")
     return order
 
 
@@ -199,9 +190,11 @@ def _check_names(modules: dict[str, _Module]) -> None:
                 )
             owner[defined] = name
     for name, module in modules.items():
-        for clash in sorted(module.imported & set(owner)):
+        clashes = sorted(module.imported & set(owner))
+        if clashes:
             raise JoinError(
-                f"inside/{name}.py imports {clash!r}, which inside/{owner[clash]}.py defines; rename the definition"
+                f"inside/{name}.py imports {clashes[0]!r}, which inside/{owner[clashes[0]]}.py defines; rename the "
+                "definition"
             )
 
 
