@@ -38,11 +38,12 @@ cut a container with sidecars off the host); it never runs a program and imports
 exists, so no file the agent can write ever runs with them.
 
 Its modules, by the side of the container each runs on:
-  - the host's side: ``main`` (the container's main process), ``daemon`` (the control daemon), ``channel`` (the
-    container's end of the control channel), ``ops``, ``terminal``, ``tmux``, ``verify``, ``private_folders`` and
-    ``watch`` (what the daemon does for the host);
+  - the host's side: ``main`` (the container's main process) and ``network`` (what it does first), ``daemon`` (the
+    control daemon), ``channel`` (the container's end of the control channel), and what the daemon does for the
+    host: ``ops``, ``terminal``, ``tmux``, ``verify``, ``private_folders`` (the verifier's folders) and ``watch``
+    (what the verifier ran);
   - the verifier's and the agent's sides: ``inits`` (PID 1 of each);
-  - every side: ``names``, ``kernel``, ``seccomp``, ``processes``, ``network``.
+  - every side: ``names``, ``kernel``, ``seccomp``, ``processes``.
 
 Shipping (terminus_env/sandbox/shipping.py): the host joins these modules into one source, in the order their
 imports ask, without their imports of each other, and passes it to the main process in its environment. So they
