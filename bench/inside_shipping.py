@@ -39,15 +39,16 @@ from docker.types import Mount
 
 from terminus_env.sandbox import BASE_IMAGE
 from terminus_env.sandbox.owner import Owner, new_run_id
-from terminus_env.sandbox.shipping import _MAIN_BOOTSTRAP, code_variables
+from terminus_env.sandbox.shipping import MAIN_COMMAND, code_variables
 from terminus_env.sandbox.shipping import inside_source as joined
 
 AFTER_STDLIB = "(stdlib first)"
 PACKAGE = "inside"  # the package's name in the container, for the two ways that keep it a package
+SHIPPED = MAIN_COMMAND[MAIN_COMMAND.index("-c") + 1]  # the bootstrap a container runs
 _DECODE = "d=lambda n:zlib.decompress(binascii.a2b_base64(os.environ.pop(n)));"
 BOOTSTRAPS = {
-    "one source (as shipped)": _MAIN_BOOTSTRAP,
-    "one source, compiled in the container": _MAIN_BOOTSTRAP,
+    "one source (as shipped)": SHIPPED,
+    "one source, compiled in the container": SHIPPED,
     "a package from a dict": (
         "import os,sys,zlib,binascii,marshal,types;" + _DECODE + "s=d('BENCH_SOURCE');"
         "p=types.ModuleType('inside');p.__path__=[];"

@@ -222,4 +222,3 @@ def _bound_names(node: ast.AST) -> Iterator[tuple[str, bool]]:
 
 def _is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-
