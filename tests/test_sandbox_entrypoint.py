@@ -169,12 +169,13 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
 
 
 def test_the_host_and_the_container_agree_on_names() -> None:
-    from terminus_env.sandbox import channel, daemon, sandbox
+    from terminus_env.sandbox import channel, sandbox
+    from terminus_env.sandbox.inside import names
 
-    assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (daemon.LOG_PREFIX, daemon.CHANNEL_SOCKET)
-    assert channel.CHANNEL_DIR == daemon.CHANNEL_DIR
-    assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (daemon.DIRECT, daemon.RELAY)
-    assert [word.value for word in sandbox.Network] == [daemon.HOSTS, daemon.CUT_OFF, daemon.AS_IS]
+    assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (names.LOG_PREFIX, names.CHANNEL_SOCKET)
+    assert channel.CHANNEL_DIR == names.CHANNEL_DIR
+    assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (names.DIRECT, names.RELAY)
+    assert [word.value for word in sandbox.Network] == [names.HOSTS, names.CUT_OFF, names.AS_IS]
 
 
 @pytest.mark.parametrize("magic, runs", [(None, "compiled"), (b"\x00\x00\r\n", "source")])
@@ -185,7 +186,7 @@ def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(mag
     import subprocess
     import sys
 
-    from terminus_env.sandbox import channel
+    from terminus_env.sandbox import shipping
 
     program = (
         "import os, sys\n"
@@ -193,11 +194,11 @@ def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(mag
         "print({!r}, sys.argv[1:], left)\n"
     )
     variables = {
-        channel.SOURCE_VARIABLE: channel.code_variables(program.format("source"))[channel.SOURCE_VARIABLE],
-        channel.COMPILED_VARIABLE: channel.code_variables(
+        shipping.SOURCE_VARIABLE: shipping.code_variables(program.format("source"))[shipping.SOURCE_VARIABLE],
+        shipping.COMPILED_VARIABLE: shipping.code_variables(
             program.format("compiled"), magic or importlib.util.MAGIC_NUMBER
-        )[channel.COMPILED_VARIABLE],
+        )[shipping.COMPILED_VARIABLE],
     }
-    command = [sys.executable, *channel.MAIN_COMMAND[1:], "x"]
+    command = [sys.executable, *shipping.MAIN_COMMAND[1:], "x"]
     result = subprocess.run(command, env=variables, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == f"{runs} ['main', 'x'] []"

@@ -1,7 +1,7 @@
 """Did the verifier run what the agent changed? The rules that judge the daemon's watch of the verifier (no I/O).
 
 While the verifier runs, the sandbox daemon records every file its processes open or execute (fanotify), and
-reports those that changed in this container (see ``OpenWatch`` in daemon.py). Most are the task's state, which
+reports those that changed in this container (see ``OpenWatch`` in inside/watch.py). Most are the task's state, which
 the verifier is meant to read: the agent's outputs, the programs it was asked to install. A few are the
 verifier's own runtime, which the agent must not choose:
 

@@ -7,7 +7,7 @@ an ordinary local :class:`Sandbox` on this node, so the speed and the security o
 takes (outside the host's slots, ``max_warm`` of them at most).
 
 Its containers' owner is this actor's worker process: when that process dies, SIGKILL included, the kernel closes
-its control channels and each container's daemon stops its container (see daemon.py). The class needs no Ray; the
+its control channels and each container's daemon stops its container (see inside/daemon.py). The class needs no Ray; the
 pool makes it an actor (``ray.remote``) and calls its methods.
 """
 
