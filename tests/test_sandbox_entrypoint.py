@@ -87,6 +87,41 @@ def test_an_entrypoint_can_write_etc_hosts_and_leave_a_server_running(run: Runne
     assert fetched.strip() == "ready"
 
 
+def test_an_entrypoint_may_write_the_verifiers_folders_and_reaches_nothing_of_the_verifiers(
+    run: Runner, image
+) -> None:
+    """As harbor-cookbook's dns-blacklisting does under `set -e` (`chmod 777 /logs /logs/verifier`): on the agent's
+    side the verifier's folders are writable decoys of its own, still mount points, so the ENTRYPOINT runs as in a
+    plain container and what it writes there never reaches the verifier."""
+    tag = image(
+        "entrypoint-logs",
+        """\
+        COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+        ENTRYPOINT ["bash", "/usr/local/bin/entrypoint.sh"]
+        """,
+        """\
+        set -e
+        mkdir -p /logs/verifier
+        chmod 777 /logs /logs/verifier
+        echo 1 > /logs/verifier/reward.txt
+        echo planted > /tests/test_outputs.py
+        exec "$@"
+        """,
+    )
+
+    async def scenario():
+        async with await Sandbox.start(SandboxSpec(tag)) as sandbox:
+            agent = await sandbox.exec("cat /logs/verifier/reward.txt /tests/test_outputs.py; rmdir /logs/verifier", 10)
+            run = await sandbox.verify(b"", "ls -A /logs/verifier /tests > /logs/verifier/listing", 30, user="root",
+                                       read=("/logs/verifier/listing", "/logs/verifier/reward.txt"))  # fmt: skip
+            return agent, run
+
+    agent, verified = run(scenario())
+    assert agent.output.split("\n")[:2] == ["1", "planted"] and "Device or resource busy" in agent.output
+    assert verified.files["/logs/verifier/reward.txt"] is None  # the verifier's own folder: fresh and empty
+    assert verified.files["/logs/verifier/listing"].decode().split() == ["/logs/verifier:", "listing", "/tests:"]
+
+
 def test_an_entrypoint_that_exits_fails_the_start_with_its_output(run: Runner, image) -> None:
     tag = image(
         "entrypoint-exits",

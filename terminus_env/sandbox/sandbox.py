@@ -43,7 +43,7 @@ from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
-from terminus_env.sandbox.tamper import Change, Finding, WatchReport, judge, queries
+from terminus_env.sandbox.tamper import Change, Finding, Relink, WatchReport, judge, link_candidates, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -187,22 +187,30 @@ class Sandbox:
     async def _judge_watch(self, report: WatchReport) -> tuple[Finding, ...]:
         """The rules of tamper.py over the watch's report, with the image's view and the lookups they ask for."""
         asked = queries(report, self.workdir)
-        changes: dict[str, Change] = {}
+        listed: dict[str, Change] = {}
         found: dict[str, Any] = {}
-        if asked.diff_paths:
-            changes = await asyncio.to_thread(self._changes, asked.diff_paths)
-        if asked.patterns:
-            found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
-        return judge(report, self.workdir, changes, found)
+        links: tuple[Relink, ...] = ()
+        if asked.diff_paths or asked.links:
+            listed = await asyncio.to_thread(self._changes)
+        candidates = link_candidates(listed, self.workdir) if asked.links else ()
+        if asked.patterns or candidates:
+            reply = await self._channel.request(
+                "lookup", _GRACE_S, patterns=list(asked.patterns), links=list(candidates)
+            )
+            found = reply["found"]
+            links = tuple(Relink(item["path"], item["target"], folder=bool(item.get("folder")))
+                          for item in reply.get("links", ()))  # fmt: skip
+        changes = {path: kind for path, kind in listed.items() if path in asked.diff_paths}
+        return judge(report, self.workdir, changes, found, links)
 
-    def _changes(self, paths: frozenset[str]) -> dict[str, Change]:
-        """Docker's diff of the writable layer, for ``paths``: how each differs from the image (absent: added)."""
+    def _changes(self) -> dict[str, Change]:
+        """Docker's diff of the writable layer: how each path it lists differs from the image (absent: unchanged)."""
         kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
         try:
             listed = self._client.api.diff(self.id) or []
         except DockerException as exc:
             raise SandboxError(f"cannot compare sandbox {self.id[:12]} with its image: {exc}") from exc
-        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed if entry["Path"] in paths}
+        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed}
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""

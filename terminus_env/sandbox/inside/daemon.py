@@ -53,9 +53,11 @@ class Daemon:
         # file's ctime on every change (write, chmod, rename, link) and nothing lets a process set it back.
         self.since = time.time() - CHANGE_MARGIN_S
 
-    def run(self, argv, side, timeout, user=None, env=None, cwd=None, max_output=1000000, tick=None):
+    def run(self, argv, side, timeout, user=None, env=None, cwd=None, max_output=1000000, tick=None, wake=()):
         """Run argv to its end (or the timeout, which kills what it started); collect its output, capped. ``tick``
-        is called every few milliseconds meanwhile, on this thread (a fork bomb may leave no pid for another)."""
+        is called on this thread (a fork bomb may leave no pid for another) as soon as one of the ``wake``
+        descriptors is readable, and every few milliseconds besides. ``signal``: the signal that ended argv, when
+        this did not send it (the timeout)."""
         buffer = CappedBuffer(int(max_output))
         start = time.monotonic()
         read_end, write_end = stream_pair()
@@ -75,21 +77,21 @@ class Daemon:
                     timed_out = True
                     child.kill()
                     break
-                if open_:
-                    open_ = _drain(read_end, buffer, min(left, 0.05))
-                else:
-                    time.sleep(min(left, 0.005))
+                open_ = _drain(read_end if open_ else None, buffer, min(left, 0.05), wake)
                 if tick is not None:
                     tick()
             # Background children may hold the pipe open; stop reading shortly after the command is done.
             end = time.monotonic() + 1.0
             while open_ and time.monotonic() < end:
-                open_ = _drain(read_end, buffer, end - time.monotonic())
+                open_ = _drain(read_end, buffer, end - time.monotonic(), wake)
+                if tick is not None:
+                    tick()
         finally:
             os.close(read_end)
         return {
             "exit_code": 124 if timed_out else child.code,
             "timed_out": timed_out,
+            "signal": None if timed_out else child.signal,
             "head": buffer.head.decode("utf-8", "replace"),
             "tail": buffer.tail.decode("utf-8", "replace"),
             "omitted": buffer.omitted,
@@ -102,11 +104,14 @@ class Daemon:
                 return folder.read(path[len(root) + 1 :], max_bytes)
         raise ValueError("the verifier's files are read from {} only, not {}".format(" or ".join(self.private), path))
 
-    def stop_verifier_leftovers(self, rounds=500):
+    def stop_verifier_leftovers(self, rounds=500, tick=None):
         """Kill everything in the verifier's PID namespace but its init, so nothing the verifier started outlives it
         (a leftover could rewrite the reward once the verifier ended). The agent's processes live a level below.
-        Members are frozen first, as in kill_tree, so a fork bomb cannot outrun the killing."""
+        Members are frozen first, as in kill_tree, so a fork bomb cannot outrun the killing. ``tick`` answers the
+        watch's questions meanwhile: a process waiting for an answer cannot be stopped, only killed."""
         for _ in range(rounds):
+            if tick is not None:
+                tick()
             alive = [pid for pid in _pids() if pid != self.verifier_init and self._in_verifier_namespace(pid)
                      and not _zombie(pid)]  # fmt: skip
             if not alive:
@@ -148,11 +153,12 @@ def _ns_pids(pid):
     return []
 
 
-def _drain(fd, buffer, wait_s):
-    """Read what ``fd`` has within ``wait_s``; False at end of file."""
-    ready, _, _ = select.select([fd], [], [], max(wait_s, 0))
-    if not ready:
-        return True
+def _drain(fd, buffer, wait_s, wake=()):
+    """Read what ``fd`` has within ``wait_s`` (or until one of ``wake`` is readable); False at end of file, and
+    False when ``fd`` is None (closed already)."""
+    ready, _, _ = select.select(([fd] if fd is not None else []) + list(wake), [], [], max(wait_s, 0))
+    if fd is None or fd not in ready:
+        return fd is not None
     chunk = os.read(fd, 65536)
     buffer.add(chunk)
     return bool(chunk)

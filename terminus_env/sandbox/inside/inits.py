@@ -23,7 +23,7 @@ from .kernel import (
     mount,
     unshare,
 )
-from .names import PRIVATE_MOUNTS
+from .names import DECOY_MOUNTS, PRIVATE_MOUNTS
 from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, credentials
 from .seccomp import confine
 
@@ -69,7 +69,7 @@ def agent_init(command, user, handover, keep, program, report, file_limit, shiel
     confined (as ``user`` unless empty), then reap orphans for ever."""
     try:
         _mount_proc()
-        _shield_private_folders(shielded)
+        _shield_private_folders(shielded, DECOY_MOUNTS)
         if file_limit:  # inherited by everything the agent's side starts from here
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -108,11 +108,15 @@ def _reap_forever():
             time.sleep(0.1)
 
 
-def _shield_private_folders(paths):
+def _shield_private_folders(paths, decoys=()):
     """Make each of the host's private folders (``paths``), and every folder above it, a mount point of the agent's
     own namespace. Since Linux 3.18, removing or renaming a folder that is a mount point only in another namespace
     succeeds and silently detaches that mount; a mount point of the caller's own namespace is refused (EBUSY), and
-    the agent cannot unmount anything. The private folders themselves become empty and read-only here."""
+    the agent cannot unmount anything. Each folder of ``decoys`` (path, tmpfs options) becomes an empty, writable
+    tmpfs of this side's own, so that what runs here (an ENTRYPOINT's ``chmod 777 /logs/verifier``) works as it
+    would in a plain container, while nothing written there reaches the verifier; the others become empty and
+    read-only."""
+    decoys = dict(decoys)
     pinned = set()
     for path in paths:
         parts = path.strip("/").split("/")
@@ -121,7 +125,10 @@ def _shield_private_folders(paths):
             if ancestor not in pinned:
                 mount(ancestor, ancestor, None, MS_BIND | MS_REC)
                 pinned.add(ancestor)
-        mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+        if path in decoys:
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, decoys[path])
+        else:
+            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
 
 
 def _report_handover(command, main, handover, report):

@@ -9,8 +9,18 @@ import time
 
 from .daemon import fork_daemon
 from .inits import verifier_init
-from .kernel import CLONE_NEWPID, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, mount, unshare
-from .names import CHANNEL_DIR, CUT_OFF, DIRECT, HOSTS, LOG_PREFIX, PRIVATE_MOUNTS, RUN_DIR, SPLIT_REPORT
+from .kernel import (
+    CLONE_NEWPID,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_REC,
+    MS_REMOUNT,
+    mount,
+    unshare,
+)
+from .names import CHANNEL_DIR, CUT_OFF, DIRECT, HOSTS, LOG_PREFIX, PRIVATE_MOUNTS, PTY_LIMIT, RUN_DIR, SPLIT_REPORT
 from .network import cut_off_host, write_hosts
 from .processes import _exit_code, _report_and_exit
 from .seccomp import agent_capabilities, confine, seccomp_program
@@ -48,6 +58,7 @@ def main_process(argv):
     program = seccomp_program()
     keep = agent_capabilities()
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted on one side reaches another
+    notes = _cap_terminals()
     for path, _ in PRIVATE_MOUNTS:
         os.makedirs(path, exist_ok=True)
     read_end, write_end = os.pipe()
@@ -85,6 +96,7 @@ def main_process(argv):
     if not mounted:
         os.close(go_write)
     os.close(read_end)
+    report += notes
     _write_atomically(SPLIT_REPORT, report)
     fork_daemon(file_limit, channel)
     confine(keep, program)
@@ -99,6 +111,27 @@ def main_process(argv):
         if not pid:
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
     os._exit(0)
+
+
+def _cap_terminals():
+    """At most PTY_LIMIT terminals for this container: every container's terminals count against one host-wide limit
+    (kernel.pty.max), so one sandbox opening them in a loop would leave none for the others' terminals. The devpts
+    options are per mount (Docker gives each container its own), and a remount resets the ones it does not name, so
+    the current ones are named again. What goes wrong is said, never fatal (the report's note)."""
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                fields = line.split()
+                separator = fields.index("-")
+                if fields[4] == "/dev/pts" and fields[separator + 1] == "devpts":
+                    kept = [option for option in fields[separator + 3].split(",")
+                            if option.split("=")[0] not in ("rw", "ro", "max")]  # fmt: skip
+                    data = ",".join(kept + ["max={}".format(PTY_LIMIT)])
+                    mount("devpts", "/dev/pts", "devpts", MS_REMOUNT | MS_NOSUID | MS_NOEXEC, data)
+                    return b""
+    except (OSError, ValueError) as exc:
+        return "note: terminals not capped at {}: {}\n".format(PTY_LIMIT, exc).encode()
+    return "note: terminals not capped at {}: no devpts at /dev/pts\n".format(PTY_LIMIT).encode()
 
 
 def _write_atomically(path, data):

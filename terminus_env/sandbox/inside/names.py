@@ -12,3 +12,7 @@ DIRECT, RELAY = "direct", "relay"  # how the host reaches the daemon (main's CHA
 HOSTS, CUT_OFF, AS_IS = "hosts", "cut-off", "as-is"  # what main does about the network first (sandbox.py has them)
 PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
+# What the agent's side has in their place: writable decoys of its own, small (they hold memory).
+DECOY_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=16m,mode=0755"),
+                ("/logs/verifier", "size=16m,mode=0777"))  # fmt: skip
+PTY_LIMIT = 256  # terminals one container may hold (kernel.pty.max is the host's, shared by every container)

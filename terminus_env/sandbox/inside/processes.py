@@ -143,6 +143,7 @@ class Child:
     def __init__(self, pid):
         self.pid = pid
         self.code = None  # exit code, or 128 + signal
+        self.signal = None  # the signal that ended it
 
     def poll(self):
         if self.code is None:
@@ -153,6 +154,7 @@ class Child:
                 return self.code
             if pid:
                 self.code = _exit_code(status)
+                self.signal = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         return self.code
 
     def wait(self, timeout=None):
@@ -166,6 +168,18 @@ class Child:
     def kill(self):
         kill_tree(self.pid)
         self.wait()
+
+
+def _exit_as(status):
+    """End as ``status`` says the process waited for ended: with its code, or killed by its signal (so the daemon
+    tells a program killed by a signal from one that exited with 128 + that number). No core is dumped for it."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if number != signal.SIGKILL:
+            signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(_exit_code(status))
 
 
 def _exit_code(status):
@@ -231,7 +245,7 @@ class Spawner:
                 os.close(write_end)
                 for fd in set(stdio):
                     os.close(fd)
-                os._exit(_exit_code(os.waitpid(grandchild, 0)[1]))
+                _exit_as(os.waitpid(grandchild, 0)[1])
             except BaseException as exc:  # noqa: BLE001 - report and leave; never unwind into the daemon
                 _report_and_exit(write_end, "setns", exc)
         os.close(write_end)

@@ -28,6 +28,8 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7}
 # The syscalls Docker's default profile allows only with CAP_SYS_ADMIN, by ABI, and the io_uring calls, which its
 # current profile denies to every container (they bypass seccomp's view of the calls they submit). clone is
 # allowed without namespace flags; clone3 cannot be inspected, so it answers ENOSYS and libc falls back to clone.
+# io_setup answers ENOSYS too, as on a kernel without native AIO (libaio's users fall back to threads): every AIO
+# context counts against one host-wide limit (fs.aio-max-nr), so one sandbox could leave none for the others.
 _SYSCALLS = {
     # name: (x86_64, i386, aarch64); None where the ABI has no such call
     "clone": (56, 120, 220), "clone3": (435, 435, 435), "unshare": (272, 310, 97), "setns": (308, 346, 268),
@@ -38,7 +40,7 @@ _SYSCALLS = {
     "syslog": (103, 103, 116), "open_tree": (428, 428, 428), "move_mount": (429, 429, 429),
     "fsopen": (430, 430, 430), "fsconfig": (431, 431, 431), "fsmount": (432, 432, 432), "fspick": (433, 433, 433),
     "mount_setattr": (442, 442, 442), "io_uring_setup": (425, 425, 425), "io_uring_enter": (426, 426, 426),
-    "io_uring_register": (427, 427, 427),
+    "io_uring_register": (427, 427, 427), "io_setup": (206, 245, 0),
 }  # fmt: skip
 _ABI_COLUMN = {"x86_64": 0, "i386": 1, "aarch64": 2}
 _NATIVE_ABIS = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64",)}
@@ -74,7 +76,7 @@ def seccomp_program(machine=None):
             nr = numbers[column]
             if nr is None:
                 continue
-            target = {"clone": "clone:" + abi, "clone3": "enosys"}.get(name, "eperm")
+            target = {"clone": "clone:" + abi, "clone3": "enosys", "io_setup": "enosys"}.get(name, "eperm")
             emit(_JEQ, nr, jt=target)
         emit(_RET, _ALLOW)
         labels["clone:" + abi] = len(code)

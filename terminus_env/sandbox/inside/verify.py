@@ -8,7 +8,7 @@ import os
 import struct
 import time
 
-from .private_folders import NotRegular, _b64
+from .private_folders import NotRegular, _b64, _empty_dir
 from .watch import OpenWatch
 
 # The container's own counters of forks refused at the pids limit and of OOM kills (cgroup v1, then v2).
@@ -63,20 +63,25 @@ def _verify(daemon, req):
     tests = base64.b64decode(req["tests"])
     if tests:
         daemon.private["/tests"].unpack(tests)
+    caches = FreshCaches()
+    env = dict(caches.environment, **(req.get("env") or {}))
     frozen = FrozenRoot()
     try:
         watch = OpenWatch(daemon, window)
         try:
             result = daemon.run(
-                ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=req.get("env"),
-                cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain,
+                ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=env,
+                cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain, wake=watch.fds,
             )  # fmt: skip
-            daemon.stop_verifier_leftovers()
+            daemon.stop_verifier_leftovers(tick=watch.drain)
             watched = watch.finish(daemon, req.get("workdir") or "/")
+            watch.check_rewards(daemon.private["/logs/verifier"].fd)
+            watched["watch"]["runner_signal"] = result.pop("signal")
         finally:
             watch.close()
     finally:
         frozen.thaw()
+        caches.remove()
     for folder in daemon.private.values():
         folder.check()
         folder.check(verifier_root)
@@ -92,6 +97,43 @@ def _verify(daemon, req):
     result["limits_hit"] = sorted(limit for limit, count in after.items() if count > before.get(limit, count))
     result.update(watched)
     return result
+
+
+CACHE_PARENT = "/tmp"
+
+
+class FreshCaches:
+    """Empty caches for the verifier's package managers, one folder per run: uv links what it installs from its
+    cache, so with the agent's cache the verifier's own venv would be made of files the agent wrote (or changed),
+    and pip and uv would install what the agent put there. A task that sets these variables itself keeps its own.
+    Nothing here is trusted more for being fresh: the watch still judges every file by who wrote it."""
+
+    VARIABLES = {"UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip"}
+
+    def __init__(self):
+        self.path = None
+        self.environment = {}
+        try:
+            path = os.path.join(CACHE_PARENT, ".terminus-verifier-" + os.urandom(8).hex())
+            os.mkdir(path)
+            self.path = path
+            os.chmod(path, 0o777)  # whatever user the verifier runs as (no name is resolved here: see credentials)
+        except OSError:
+            return  # no /tmp: the verifier runs with its own settings
+        self.environment = {name: os.path.join(self.path, sub) for name, sub in self.VARIABLES.items()}
+
+    def remove(self):
+        if self.path is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                _empty_dir(fd)
+            finally:
+                os.close(fd)
+            os.rmdir(self.path)
+        except OSError:
+            pass
 
 
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
