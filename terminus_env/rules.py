@@ -2,8 +2,8 @@
 
 The env does the I/O (the terminal, grading) around two calls: :func:`judge_reply` before anything runs, and
 :func:`judge_after_commands` once the turn's commands ran. Both take the counters so far and return new ones,
-so every rule here is unit-tested without Docker, and the README's table of end reasons is generated from
-:class:`EndReason` (:func:`end_reason_table`) and checked against it.
+so every rule here is unit-tested without Docker, and the table of end reasons in the README and the docs is
+generated from :class:`EndReason` (:func:`end_reason_table`) and checked against it.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
 
 
 def end_reason_table() -> str:
-    """The README's table of end reasons, from the rules themselves."""
+    """The table of end reasons the README and docs/environment.md show, from the rules themselves."""
     rows = ["| `end_reason` | what happened | graded | `truncated` | whose fault | masked |", "| --- " * 6 + "|"]
     for reason in EndReason:
         yes = {True: "yes", False: "no, reward 0"}

@@ -43,7 +43,9 @@ import httpx
 
 from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
 from terminus_env.errors import TerminusError
+from terminus_env.process_group import end_group
 
+KILL_WAIT_S = 30.0  # for every process of a SIGKILLed replica to be gone
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
@@ -432,7 +434,7 @@ def _watch(replicas: list[Replica], procs: list[subprocess.Popen], max_restarts:
             code = proc.poll()
             if i in gone or code is None:
                 continue
-            _signal_group(proc, signal.SIGKILL)  # what vLLM forked may outlive the API server
+            end_group(proc.pid, KILL_WAIT_S)  # what vLLM forked outlives the API server, holding its memory and log
             what = f"terminus-env serve: replica {replica.index} ({replica.url}) exited with code {code} while serving"
             if restarts[i] >= max_restarts:
                 gone.add(i)
@@ -449,7 +451,9 @@ def _watch(replicas: list[Replica], procs: list[subprocess.Popen], max_restarts:
 
 
 def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group."""
+    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group and wait until none of
+    it is alive: a worker that outlived its leader may still write to the replica's log or caches, which the caller
+    may remove as soon as this returns."""
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -459,8 +463,11 @@ def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             pass
     for proc in procs:
-        _signal_group(proc, signal.SIGKILL)  # stragglers, including workers whose leader already exited
+        left = end_group(proc.pid, KILL_WAIT_S)  # stragglers, including workers whose leader already exited
         proc.wait()
+        if left:
+            print(f"terminus-env serve: processes {left} of replica pid {proc.pid} outlived SIGKILL for "
+                  f"{KILL_WAIT_S:.0f}s", file=sys.stderr)  # fmt: skip
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
