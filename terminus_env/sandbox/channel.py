@@ -347,7 +347,14 @@ class ChannelFolder:
         REGISTRY.add_folder(path)
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.listener.bind(self.socket_path)
+            # Bound through a descriptor of the folder: the name a socket is bound to shows in /proc/net/unix of
+            # every network namespace it serves, the container's included, and the folder's path names this
+            # process's pid. Through /proc/self/fd the name says nothing.
+            folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                self.listener.bind(f"/proc/self/fd/{folder}/channel")
+            finally:
+                os.close(folder)
             os.chmod(self.socket_path, 0o600)
             self.listener.listen(1)
             self.listener.setblocking(False)
