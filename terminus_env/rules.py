@@ -84,8 +84,9 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
     ),
     EndReason.TAMPERED: (
         False, False, Fault.AGENT,
-        "train (by default): the verifier ran something the agent changed in the verifier's own runtime (its "
-        "interpreters, libraries, test runner and their configuration; `info['episode']['tampering']`)",
+        "train (by default): the verdict was the agent's, not the verifier's: code the agent provided ran before the "
+        "tests began or in the verifier's runtime, or the agent's program wrote the reward "
+        "(`info['episode']['tampering']`)",
     ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
