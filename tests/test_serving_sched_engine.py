@@ -148,6 +148,44 @@ def test_chunked_prefill_spends_the_token_budget_over_several_steps() -> None:
     assert done.ttft_s == pytest.approx(sum(steps))
 
 
+def test_without_chunked_prefill_a_prompt_waits_until_its_whole_prefill_fits_the_step() -> None:
+    """vLLM's CPU replicas: a waiting request is never split; one that does not fit what decodes left of the
+    budget waits, and the queue behind it too (FCFS), until a step has room for all of it."""
+    cfg = SimConfig(num_gpu_blocks=17, block_size=4, max_model_len=32, max_num_batched_tokens=32,
+                    enable_chunked_prefill=False)
+    replica = SimReplica(cfg)
+    replica.submit(SimRequest("long", tuple(range(32 - 1)), max_tokens=1, output_len=1))
+    replica.submit(SimRequest("short", (100, 101), max_tokens=1, output_len=1))
+    first = replica.step()  # 31 tokens fit the 32-token budget whole; "short" needs 2 more than the 1 left
+    assert first == pytest.approx(step_time(cfg, 31, 1, 31))
+    assert (replica.metrics().num_requests_running, replica.metrics().num_requests_waiting) == (0, 1)
+    drain(replica)
+    assert {f.request_id for f in replica.pop_finished()} == {"long", "short"}
+    chunked = SimReplica(SimConfig(num_gpu_blocks=17, block_size=4, max_model_len=32, max_num_batched_tokens=32))
+    chunked.submit(SimRequest("a", tuple(range(30)), max_tokens=1, output_len=1))
+    chunked.submit(SimRequest("b", (100, 101, 102), max_tokens=1, output_len=1))
+    chunked.step()  # with chunking, "b" takes the 2 tokens left and finishes its prefill next step
+    assert chunked.metrics().num_requests_running == 1
+
+
+def test_without_chunked_prefill_the_step_budget_must_hold_a_whole_context() -> None:
+    with pytest.raises(ValueError, match="chunked prefill off"):
+        SimConfig(num_gpu_blocks=17, block_size=4, max_model_len=32, max_num_batched_tokens=16,
+                  enable_chunked_prefill=False)
+
+
+def test_a_resumed_requests_lookup_is_kept_out_of_the_prefix_cache_counters() -> None:
+    """vLLM 0.32 records a preempted request's lookup apart (``preempted_queries``), not in vllm:prefix_cache_*."""
+    cfg = SimConfig(num_gpu_blocks=9, block_size=4, max_num_seqs=8, max_model_len=32)
+    replica = SimReplica(cfg)
+    replica.submit(SimRequest("old", tuple(range(12)), max_tokens=20, output_len=8))
+    replica.submit(SimRequest("new", tuple(range(100, 112)), max_tokens=20, output_len=8))
+    drain(replica)
+    assert replica.stats().preemptions == 1
+    m = replica.metrics()
+    assert (m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (24, 0)  # the two first admissions only
+
+
 def test_max_num_seqs_keeps_the_rest_waiting() -> None:
     cfg = SimConfig(num_gpu_blocks=9, block_size=4, max_num_seqs=2, max_model_len=32)
     replica = SimReplica(cfg)

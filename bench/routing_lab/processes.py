@@ -97,15 +97,17 @@ class Processes:
         self._procs.append(proc)
         return proc
 
-    def replicas(self, count: int, engine: SimConfig, time_scale: float, replies: Path, model: str) -> list[str]:
-        """``count`` simulated replicas, each its own process; their URLs once every one answers ``/health``."""
+    def replicas(self, count: int, engine: SimConfig, time_scale: float, replies: Path, model: str,
+                 tokenizer: Path | None = None) -> list[str]:
+        """``count`` simulated replicas, each its own process; their URLs once every one answers ``/health``.
+        With ``tokenizer`` (a Hugging Face folder) they count tokens as a real server of that model does."""
         urls = []
         for i in range(count):
             port = free_port()
-            flags = [f"--{name.replace('_', '-')}={value}" for name, value in vars(engine).items()
-                     if not isinstance(value, bool)]
-            if not engine.enable_prefix_caching:
-                flags.append("--no-enable-prefix-caching")
+            flags = [f"--{name.replace('_', '-')}={value}" if not isinstance(value, bool)
+                     else f"--{'' if value else 'no-'}{name.replace('_', '-')}" for name, value in vars(engine).items()]
+            if tokenizer is not None:
+                flags += ["--tokenizer", str(tokenizer)]
             cmd = [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", str(port), "--model", model,
                    "--time-scale", str(time_scale), "--replies", str(replies), *flags]
             self._spawn(cmd, f"replica-{i}-{port}.log")

@@ -11,13 +11,16 @@ What is modelled (and how vLLM does it):
   ``ceil(computed_tokens / block_size)`` blocks, allocated as it grows.
 - Continuous batching with chunked prefill: each step spends up to ``max_num_batched_tokens`` tokens,
   running requests first (oldest first), then waiting ones (FCFS) while fewer than ``max_num_seqs`` run.
+  With ``enable_chunked_prefill=False`` (vLLM's CPU replicas) a waiting request is scheduled only when
+  all its uncached tokens fit what is left of the step's budget; the queue waits behind it otherwise.
 - Recompute preemption: when a running request's next blocks do not fit, the newest running request
   is evicted, its blocks freed and it is put back at the front of the queue; it later recomputes its
   prompt and generated tokens (counted in ``recomputed_tokens``).
 - Prefix caching: a full block is keyed by a hash chained over its tokens and all earlier ones. Freed
   blocks keep their key and sit in an LRU free queue; they are reused by a later request with the same
   prefix (the next turn of a session, a GRPO sibling) unless an allocation evicted them first.
-  Queries and hits are counted in tokens, as ``vllm:prefix_cache_*`` are.
+  Queries and hits are counted in tokens, as ``vllm:prefix_cache_*`` are, and, as in vLLM 0.32, only for a
+  request's first admission: a preempted request's lookup when it resumes is kept out of them.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class SimConfig:
     max_model_len: int = 32768
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
     step_base_s: float = 0.008
     step_per_token_s: float = 25e-6
     step_per_seq_s: float = 50e-6
@@ -80,6 +84,11 @@ class SimConfig:
             raise ValueError(
                 f"max_model_len={self.max_model_len} does not fit the KV pool of {usable_tokens} tokens; "
                 "raise num_gpu_blocks or lower max_model_len (vLLM refuses to start in this case too)"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len={self.max_model_len} "
+                "with chunked prefill off: a long prompt could never be scheduled (vLLM refuses this too)"
             )
 
     @property
@@ -390,7 +399,10 @@ class SimReplica:
             live = self._waiting[0]
             hits = self._prefix_hits_for(live)
             cached_tokens = len(hits) * self.config.block_size
-            n = min(len(live.tokens) - cached_tokens, budget)
+            n = len(live.tokens) - cached_tokens
+            if n > budget and not self.config.enable_chunked_prefill:
+                break  # vLLM stops scheduling here: a whole prefill that does not fit waits for the next step
+            n = min(n, budget)
             need = self._blocks_for(cached_tokens + n) - len(hits)
             if need > self._pool.free_after_touch(hits):
                 break
@@ -402,8 +414,9 @@ class SimReplica:
             if live.scheduled_at is None:
                 live.scheduled_at = self.now
                 live.cached_prompt_tokens = cached_tokens
-            self._prefix_queries += len(live.tokens)
-            self._prefix_hits += cached_tokens
+            if not live.preemptions:
+                self._prefix_queries += len(live.tokens)
+                self._prefix_hits += cached_tokens
             self._count_recompute(live, n)
             self._running.append(live)
             scheduled.append((live, n))
