@@ -84,11 +84,12 @@ class Fit:
 class Server:
     """One live server: chat requests with exact output lengths, its KV pool and context limit."""
 
-    def __init__(self, base_url: str, model: str | None) -> None:
+    def __init__(self, base_url: str, model: str | None, extra: dict | None = None) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=_TIMEOUT_S,
                                       limits=httpx.Limits(max_connections=None))
         self.model = model
+        self.extra = extra or {}  # more fields for every request's body, as the workload sends them
         self.chars_per_token = 4.0
         self._rng = random.Random(0)
 
@@ -113,13 +114,13 @@ class Server:
 
     def prompt(self, tokens: int) -> str:
         """Fresh random words, about ``tokens`` long for this server's tokenizer (no prefix to reuse)."""
-        words = int(tokens * self.chars_per_token / 7)
+        words = int(tokens * self.chars_per_token / 8)  # seven characters and a space each
         return " ".join(f"q{self._rng.randrange(10**6):06d}" for _ in range(max(1, words)))
 
     async def complete(self, text: str, output_tokens: int) -> tuple[int, int, float]:
         """One chat request: (prompt tokens, output tokens, seconds)."""
         body = {"model": self.model, "messages": [{"role": "user", "content": text}], "max_tokens": output_tokens,
-                "ignore_eos": True, "temperature": 0.0}
+                "ignore_eos": True, "temperature": 0.0, **self.extra}
         t0 = time.perf_counter()
         response = await self.http.post("/v1/chat/completions", json=body)
         seconds = time.perf_counter() - t0
@@ -250,16 +251,23 @@ def flags(config: SimConfig) -> str:
 
 
 async def calibrate(base_urls: Sequence[str], model: str | None, max_num_seqs: int, max_num_batched_tokens: int,
-                    probes: Probes) -> dict:
-    servers = [Server(url, model) for url in base_urls]
+                    probes: Probes, chunked_prefill: bool = True, extra: dict | None = None,
+                    together: bool = False) -> dict:
+    """The fit and its check. ``extra`` goes into every request's body; ``together`` probes every server at once
+    (replicas that share a machine's cores run slower together than alone, and a run has them all busy)."""
+    servers = [Server(url, model, extra) for url in base_urls]
     try:
         name, max_len, blocks, block_size = await servers[0].describe()
         for other in servers[1:]:
             await other.describe()
         like = SimConfig(num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_model_len=max_len or SimConfig.max_model_len,
-                         max_num_batched_tokens=max_num_batched_tokens)
-        samples = [s for server in servers for s in await measure(server, probes, like)]
+                         max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked_prefill)
+        if together:
+            samples = [s for found in await asyncio.gather(*(measure(server, probes, like) for server in servers))
+                       for s in found]  # fmt: skip
+        else:
+            samples = [s for server in servers for s in await measure(server, probes, like)]
         result = fit(samples, probes, like)
         check = await recompute_check(servers[0], result.config, result.http_overhead_s, probes)
     finally:
@@ -276,11 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=SimConfig.max_num_seqs, help="as the server was started")
     parser.add_argument("--max-num-batched-tokens", type=int, default=SimConfig.max_num_batched_tokens,
                         help="as the server was started")
+    parser.add_argument("--no-chunked-prefill", action="store_true",
+                        help="the server prefills whole (vLLM's CPU replicas: --no-enable-chunked-prefill)")
     parser.add_argument("--quick", action="store_true", help="fewer, smaller probes (about a minute)")
     parser.add_argument("--json", type=Path, help="also write the fit, the samples and the check here")
     args = parser.parse_args(argv)
     out = asyncio.run(calibrate(args.base_url, args.model, args.max_num_seqs, args.max_num_batched_tokens,
-                                QUICK if args.quick else FULL))
+                                QUICK if args.quick else FULL, chunked_prefill=not args.no_chunked_prefill))
     config, check = out["config"], out["recompute"]
     residuals = np.abs(np.array(out["residuals"]))
     print(f"model {out['model']}: {config.num_gpu_blocks} blocks x {config.block_size} tokens, max_model_len "

@@ -77,11 +77,13 @@ LATENCY_REQUESTS = 120
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """Our side: the pool's placement policy, rebalancing, and its admission (adaptive or clairvoyant)."""
+    """Our side: the pool's placement policy, rebalancing, and its admission: adaptive (or clairvoyant), or, for a
+    baseline placed by the pool, the capacity formula's fixed cap or none."""
 
     policy: str = "available_kv"
     rebalance: bool = True
     oracle: bool = False
+    admission: str = "adaptive"  # "adaptive" | "fixed" | "uncapped"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ class Setup:
     live: tuple[str, ...] = ()  # live vLLM replicas' URLs; empty: simulated replicas per row
     model: str = MODEL
     token_ratio: float = 1.0  # live tokenizer's tokens per simulated token, for the caps' trace estimates
+    vocabulary: tuple[str, ...] = ()  # the chat form's words (routing_lab.chat); empty: the simulator's own
+    allowed_token_ids: tuple[int, ...] = ()  # sent with every request (a random model kept to the vocabulary)
+    tokenizer: str | None = None  # simulated replicas count tokens with this Hugging Face tokenizer
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def rows(only: Sequence[str]) -> list[Row]:
 
 def workload(setup: Setup) -> tuple[list[list[ChatRollout]], list[list[RolloutPlan]]]:
     """The chat rollouts, and their token-exact twin plans for the virtual-time cluster."""
-    chats = chat_rollouts(make_workload(setup.workload), setup.workload.system_prompt_tokens)
+    chats = chat_rollouts(make_workload(setup.workload), setup.workload.system_prompt_tokens, setup.vocabulary)
     return chats, twin_plans(chats)
 
 
@@ -148,7 +153,11 @@ def fixed_limit(setup: Setup, twins: Sequence[Sequence[RolloutPlan]]) -> int:
     return FixedAdmission.from_capacity(pipeline_cap(setup), per_rank, setup.replicas, headroom=0.9).limit
 
 
-def our_admission(spec: PoolSpec, setup: Setup, twins: Sequence[Sequence[RolloutPlan]]) -> Admission:
+def our_admission(spec: PoolSpec, setup: Setup, twins: Sequence[Sequence[RolloutPlan]]) -> Admission | None:
+    if spec.admission == "uncapped":
+        return None
+    if spec.admission == "fixed":
+        return FixedAdmission(fixed_limit(setup, twins))
     admission = AdaptiveAdmission(pipeline_cap(setup), step0_trace(twins, setup))
     if not spec.oracle:
         return admission
@@ -167,10 +176,12 @@ def run_row(row: Row, setup: Setup, chats: Sequence[Sequence[ChatRollout]], twin
             urls = list(setup.live)
             reset_prefix_caches(urls)
         else:
-            urls = procs.replicas(setup.replicas, setup.engine, setup.time_scale, replies, MODEL)
+            tokenizer = Path(setup.tokenizer) if setup.tokenizer else None
+            urls = procs.replicas(setup.replicas, setup.engine, setup.time_scale, replies, MODEL, tokenizer=tokenizer)
         if row.pool is not None:
             admission = our_admission(row.pool, setup, twins)
-            return asyncio.run(_serve_pool(row.pool, admission, urls, chats, setup)), "adaptive"
+            limit = str(admission.limit) if isinstance(admission, FixedAdmission) else row.cap
+            return asyncio.run(_serve_pool(row.pool, admission, urls, chats, setup)), limit
         assert row.router is not None
         limit = pipeline_cap(setup) if row.cap == "uncapped" else fixed_limit(setup, twins)
         router_url = procs.router(row.router, urls)
@@ -188,19 +199,29 @@ def reset_prefix_caches(urls: Sequence[str]) -> None:
             print(f"  (cannot reset {url}'s prefix cache: {code}; start vLLM with VLLM_SERVER_DEV_MODE=1)")
 
 
-async def _serve_pool(spec: PoolSpec, admission: Admission, urls: list[str], chats: Sequence[Sequence[ChatRollout]],
-                      setup: Setup) -> HttpResult:
+async def _serve_pool(spec: PoolSpec, admission: Admission | None, urls: list[str],
+                      chats: Sequence[Sequence[ChatRollout]], setup: Setup) -> HttpResult:
     # One scrape per simulated second, as the virtual-time cluster scrapes.
     async with ServingPool(urls, setup.model, policy=spec.policy, admission=admission, rebalance=spec.rebalance,
                            scrape_interval_s=setup.time_scale) as pool:
-        return await serve(chats, PoolEndpoint(pool, forced=bool(setup.live)), urls, setup.async_steps,
-                           setup.time_scale)
+        endpoint = PoolEndpoint(pool, forced=forced(setup), extra=extra_body(setup))
+        return await serve(chats, endpoint, urls, setup.async_steps, setup.time_scale)
+
+
+def forced(setup: Setup) -> bool:
+    """Each turn asks for exactly its planned length: on live replicas, and wherever the model's own words are
+    spoken (a simulated replica with a real tokenizer stands for a live one)."""
+    return bool(setup.live or setup.tokenizer)
+
+
+def extra_body(setup: Setup) -> dict:
+    return {"allowed_token_ids": list(setup.allowed_token_ids)} if setup.allowed_token_ids else {}
 
 
 async def _serve_router(spec: RouterSpec, router_url: str, limit: int, urls: list[str],
                         chats: Sequence[Sequence[ChatRollout]], setup: Setup) -> HttpResult:
-    endpoint = RouterEndpoint(router_url, spec.session_header, setup.model, limit, forced=bool(setup.live),
-                              finish_sessions=spec.finishes_sessions)
+    endpoint = RouterEndpoint(router_url, spec.session_header, setup.model, limit, forced=forced(setup),
+                              finish_sessions=spec.finishes_sessions, extra=extra_body(setup))
     try:
         return await serve(chats, endpoint, urls, setup.async_steps, setup.time_scale)
     finally:
@@ -213,7 +234,7 @@ def run_twin(spec: PoolSpec, setup: Setup, twins: Sequence[Sequence[RolloutPlan]
 
 
 def run_virtual(setup: Setup, plans: Sequence[Sequence[RolloutPlan]], policy: str, rebalance: bool,
-                admission: Admission) -> ClusterResult:
+                admission: Admission | None) -> ClusterResult:
     """Plans through the production ``Scheduler`` on a virtual-time cluster shaped like the HTTP run's."""
     config = ClusterConfig(num_replicas=setup.replicas, engine=setup.engine, max_async_steps=setup.async_steps)
     cluster = Cluster(config)

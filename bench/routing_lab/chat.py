@@ -41,12 +41,16 @@ class ChatRollout:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.task}]
 
 
-def _words(tokens: Sequence[int]) -> str:
+def _words(tokens: Sequence[int], vocabulary: Sequence[str] | None) -> str:
+    if vocabulary:
+        return " ".join(vocabulary[t % len(vocabulary)] for t in tokens)
     return " ".join(f"w{t}" for t in tokens)
 
 
-def _reply(output_len: int) -> str:
+def _reply(output_len: int, vocabulary: Sequence[str] | None) -> str:
     """An answer of ``output_len - 1`` words: with the end-of-turn token, ``output_len`` generated tokens."""
+    if vocabulary:  # each word after a space: one token, as a model restricted to these words writes them
+        return "".join(" " + vocabulary[(31 * i) % len(vocabulary)] for i in range(1, output_len))
     return " ".join(f"r{i}" for i in range(1, output_len))
 
 
@@ -55,19 +59,26 @@ def marker(rollout_id: str) -> str:
     return f"rollout-{rollout_id}."
 
 
-def chat_rollouts(batches: Sequence[Sequence[RolloutPlan]], system_tokens: int) -> list[list[ChatRollout]]:
-    """Each plan as a conversation: its first ``system_tokens`` prompt tokens are the system message."""
+def chat_rollouts(batches: Sequence[Sequence[RolloutPlan]], system_tokens: int,
+                  vocabulary: Sequence[str] | None = None) -> list[list[ChatRollout]]:
+    """Each plan as a conversation: its first ``system_tokens`` prompt tokens are the system message.
+
+    Plan token ``t`` is the word ``w<t>`` (one token for the simulator's own tokenizer), or, with
+    ``vocabulary``, the word ``vocabulary[t % len(vocabulary)]``: words that are one token each for a real
+    model's tokenizer (``routing_lab.engines.one_token_words``), so lengths and shared prefixes survive there.
+    """
     out = []
     for batch in batches:
         step = []
         for plan in batch:
             system, task = plan.prompt[:system_tokens], plan.prompt[system_tokens:]
             turns = tuple(
-                ChatTurn(_reply(turn.output_len), _words(turn.tool_tokens), turn.tool_wait_s)
+                ChatTurn(_reply(turn.output_len, vocabulary), _words(turn.tool_tokens, vocabulary), turn.tool_wait_s)
                 for turn in plan.turns
             )
-            step.append(ChatRollout(plan.rollout_id, plan.group_id, plan.step, _words(system),
-                                    f"{_words(task)} {marker(plan.rollout_id)}", turns, plan.max_tokens))
+            step.append(ChatRollout(plan.rollout_id, plan.group_id, plan.step, _words(system, vocabulary),
+                                    f"{_words(task, vocabulary)} {marker(plan.rollout_id)}", turns,
+                                    plan.max_tokens))
         out.append(step)
     return out
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,13 +50,14 @@ class RouterEndpoint:
     where the router takes it, word that a session ended when its rollout does."""
 
     def __init__(self, url: str, session_header: str, model: str, limit: int, forced: bool = False,
-                 finish_sessions: bool = False) -> None:
+                 finish_sessions: bool = False, extra: dict | None = None) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=_TIMEOUT_S, limits=httpx.Limits(max_connections=None))
         self._header = session_header
         self._model = model
         self._slots = asyncio.Semaphore(limit)
         self._forced = forced
         self._finish_sessions = finish_sessions
+        self._extra = extra or {}
 
     @contextlib.asynccontextmanager
     async def session(self, rollout: ChatRollout) -> AsyncIterator[None]:
@@ -68,7 +69,7 @@ class RouterEndpoint:
                     await finish_session(self._http, "", rollout.rollout_id)
 
     async def chat(self, rollout: ChatRollout, turn: int, messages: list[dict]) -> Turn:
-        body = request_body(self._model, messages, rollout, turn if self._forced else None)
+        body = request_body(self._model, messages, rollout, turn if self._forced else None, self._extra)
         response = await self._http.post("/v1/chat/completions", json=body, headers={self._header: rollout.rollout_id})
         if response.status_code == 400 and "maximum context length" in response.text:
             raise ContextLengthExceeded(response.text[:200])
@@ -92,26 +93,29 @@ async def finish_session(http: httpx.AsyncClient, router_url: str, session_id: s
 class PoolEndpoint:
     """Ours: ``ServingPool`` sessions and chat turns, the production path."""
 
-    def __init__(self, pool: ServingPool, forced: bool = False) -> None:
+    def __init__(self, pool: ServingPool, forced: bool = False, extra: dict | None = None) -> None:
         self.pool = pool
         self._forced = forced
+        self._extra = extra or {}
 
     def session(self, rollout: ChatRollout) -> contextlib.AbstractAsyncContextManager[None]:
         return self.pool.session(rollout.rollout_id, rollout.group_id)
 
     async def chat(self, rollout: ChatRollout, turn: int, messages: list[dict]) -> Turn:
-        body = request_body(self.pool.model, messages, rollout, turn if self._forced else None)
+        body = request_body(self.pool.model, messages, rollout, turn if self._forced else None, self._extra)
         sampling = {k: v for k, v in body.items() if k not in ("model", "messages", "max_tokens", "return_token_ids")}
         c = await self.pool.chat(rollout.rollout_id, messages, max_tokens=body["max_tokens"],
                                  group_id=rollout.group_id, **sampling)
         return Turn(c.text, c.prompt_tokens, c.completion_tokens, c.replica.removeprefix("http://"))
 
 
-def request_body(model: str, messages: list[dict], rollout: ChatRollout, forced_turn: int | None = None) -> dict:
+def request_body(model: str, messages: list[dict], rollout: ChatRollout, forced_turn: int | None = None,
+                 extra: dict | None = None) -> dict:
     """What ``ReplicaClient.chat`` sends, logprobs off: the same body through every endpoint. With
-    ``forced_turn``, exactly that turn's planned output (a real model's words are its own)."""
+    ``forced_turn``, exactly that turn's planned output (a real model's words are its own); ``extra`` adds
+    sampling fields (``allowed_token_ids``: a random model's words that come back as the tokens it made)."""
     body = {"model": model, "messages": messages, "max_tokens": rollout.max_tokens, "logprobs": False,
-            "return_token_ids": True}
+            "return_token_ids": True, **(extra or {})}
     if forced_turn is not None:
         body["max_tokens"] = len(rollout.turns[forced_turn].reply.split()) + 1
         body["ignore_eos"] = True
@@ -152,7 +156,7 @@ async def scrape(urls: Sequence[str]) -> Totals:
 
 
 @dataclass
-class _Tally:
+class Tally:
     requests: int = 0
     output_tokens: int = 0
     context_limited: int = 0
@@ -199,7 +203,7 @@ async def serve(batches: Sequence[Sequence[ChatRollout]], endpoint: Endpoint, re
                 max_async_steps: int, time_scale: float) -> HttpResult:
     """Run every step to completion through ``endpoint`` and summarise."""
     before = await scrape(replicas)
-    tally = _Tally()
+    tally = Tally()
     done = [asyncio.Event() for _ in batches]
     starts = [0.0] * len(batches)
     ends = [0.0] * len(batches)
@@ -210,7 +214,7 @@ async def serve(batches: Sequence[Sequence[ChatRollout]], endpoint: Endpoint, re
         for gate in done[: max(0, s - max_async_steps + 1)]:
             await gate.wait()
         starts[s] = loop.time() - t0
-        await asyncio.gather(*(_rollout(ro, endpoint, tally, time_scale) for ro in batches[s]))
+        await asyncio.gather(*(play_rollout(ro, endpoint, tally, time_scale) for ro in batches[s]))
         ends[s] = loop.time() - t0
         done[s].set()
 
@@ -233,10 +237,14 @@ async def serve(batches: Sequence[Sequence[ChatRollout]], endpoint: Endpoint, re
     )
 
 
-async def _rollout(ro: ChatRollout, endpoint: Endpoint, tally: _Tally, time_scale: float) -> None:
+async def play_rollout(ro: ChatRollout, endpoint: Endpoint, tally: Tally, time_scale: float,
+                       on_admitted: Callable[[], None] | None = None) -> None:
+    """One rollout through ``endpoint``: admitted (then ``on_admitted()``), its turns with the tool waits between."""
     messages = ro.first_messages()
     previous: str | None = None
     async with endpoint.session(ro):
+        if on_admitted is not None:
+            on_admitted()
         for i, planned in enumerate(ro.turns):
             try:
                 turn = await endpoint.chat(ro, i, messages)

@@ -98,9 +98,10 @@ class Processes:
         return proc
 
     def replicas(self, count: int, engine: SimConfig, time_scale: float, replies: Path, model: str,
-                 tokenizer: Path | None = None) -> list[str]:
+                 tokenizer: Path | None = None, weight_sync: bool = False) -> list[str]:
         """``count`` simulated replicas, each its own process; their URLs once every one answers ``/health``.
-        With ``tokenizer`` (a Hugging Face folder) they count tokens as a real server of that model does."""
+        With ``tokenizer`` (a Hugging Face folder) they count tokens as a real server of that model does; with
+        ``weight_sync`` they serve vLLM's development endpoints (``/reset_prefix_cache`` among them)."""
         urls = []
         for i in range(count):
             port = free_port()
@@ -108,6 +109,8 @@ class Processes:
                      else f"--{'' if value else 'no-'}{name.replace('_', '-')}" for name, value in vars(engine).items()]
             if tokenizer is not None:
                 flags += ["--tokenizer", str(tokenizer)]
+            if weight_sync:
+                flags.append("--weight-sync")
             cmd = [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", str(port), "--model", model,
                    "--time-scale", str(time_scale), "--replies", str(replies), *flags]
             self._spawn(cmd, f"replica-{i}-{port}.log")

@@ -1,0 +1,164 @@
+"""The serving claims on real engines: the capacity formula against vLLM's knee, our placement against vllm-router's.
+
+Usage (in .venv-vllm, which ``make test-vllm`` installs):
+    .venv-vllm/bin/python bench/engines.py knee [--json FILE] [--figure FILE]        # about 50 minutes
+    .venv-vllm/bin/python bench/engines.py placement [--seeds 0,1,2] [--json FILE]  # about 50 minutes
+    .venv-vllm/bin/python bench/engines.py quick [--json FILE]                      # both, cut down: a few minutes
+    .venv-vllm/bin/python bench/engines.py knee --report FILE [--figure FILE]     # print (and draw) a saved run
+Options: --no-sim (skip the simulator's prediction), --logs DIR (keep the replicas' logs and the model), for knee
+--limits 4,8,... --workloads steady,growing --warmup S --window S, for placement --rows TEXT ... (ours always runs).
+
+Two vLLM replicas on this machine's CPU (``routing_lab/engines.py``: the tiny random model, one core each, a KV pool
+of 384 blocks of 32 tokens each, chunked prefill off) serve ``routing_lab``'s agentic workload sized for the CPU, in
+words the model's tokenizer makes one token each. ``knee`` sweeps the admission limit on a stream of rollouts and
+reads vLLM's counters over a window (``routing_lab/knee.py``); ``placement`` runs ours and the deployed routers on the
+same replicas, one run per seed (``routing_lab/placement.py``). Before the runs, the KV bytes per token the formula
+uses (from the model's config) are checked against what vLLM made of its KV memory, and the simulator's step-time
+model is fitted to these replicas (``bench/calibrate_sim.py``, both probed at once); after them, the same runs on
+simulated replicas so calibrated (whole prefills, the model's tokenizer, real time) give the simulator's prediction,
+printed beside the engine's. Every line says the machine's load average: the cores are shared, so compare ratios
+within one run, never absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import routing_http
+from calibrate_sim import STEP_FIELDS, Probes, calibrate
+from routing_lab import knee, placement
+from routing_lab.chat import write_replies
+from routing_lab.engines import MODEL_NAME, SIM_TIME_SCALE, EngineShape, Fleet, start_fleet
+from routing_lab.processes import Processes
+
+from terminus_env.serving.sim.engine import SimConfig
+
+SHAPE = EngineShape()
+# The calibration's probes for these replicas: prompts and batches inside their context and KV pool, decode batches
+# up to what a run holds.
+PROBES = Probes(prefill_prompts=(128, 512, 1024, 2048, 3000), decode_shapes=((1, 256), (16, 256), (48, 256), (96, 64),
+                (1, 2000), (8, 1000)), decode_outputs=(8, 72), repeats=2, overflow=1.5, overflow_output=256)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("knee", "placement", "quick"))
+    parser.add_argument("--no-sim", action="store_true", help="skip the calibration and the simulator's prediction")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--figure", type=Path, help="knee: throughput and preemptions against concurrency (PNG)")
+    parser.add_argument("--logs", type=Path, help="keep the replicas' logs and the model here")
+    parser.add_argument("--limits", help="knee: comma-separated admission limits")
+    parser.add_argument("--workloads", default="steady,growing", help="knee: steady and/or growing")
+    parser.add_argument("--warmup", type=float, help="knee: seconds before the counters are first read")
+    parser.add_argument("--window", type=float, help="knee: seconds measured")
+    parser.add_argument("--seeds", default=",".join(map(str, placement.SEEDS)), help="placement: workload seeds")
+    parser.add_argument("--report", type=Path, metavar="JSON", help="print (and draw) an earlier run's --json")
+    parser.add_argument("--rows", nargs="*", default=[], help="placement: only rows whose label or cap holds a text")
+    args = parser.parse_args(argv)
+    quick = args.what == "quick"
+    names = ("steady",) if quick else tuple(n for n in args.workloads.split(",") if n)
+    if not names or set(names) - {"steady", "growing"}:
+        parser.error(f"--workloads takes steady and/or growing, not {args.workloads!r}")
+    limits = tuple(int(x) for x in args.limits.split(",")) if args.limits else \
+        knee.QUICK_LIMITS if quick else knee.LIMITS
+    seeds = (0,) if quick else tuple(int(x) for x in args.seeds.split(","))
+    chosen = placement.rows(args.rows)
+    if args.report:
+        out = json.loads(args.report.read_text())
+    else:
+        with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
+            work = args.logs or Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            out = run(work, args.what, names, limits, seeds, chosen, quick, not args.no_sim, args)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    if "knee" in out:
+        print(knee.report(out["knee"]))
+    if "placement" in out:
+        print(placement.report(out["placement"]))
+    print(f"load average: {out['load_average_start']:.1f} after the replicas started, {out['load_average_end']:.1f} "
+          "at the end")
+    if args.figure and "knee" in out:
+        knee.figure(args.figure, out["knee"])
+    return 0
+
+
+def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seeds: Sequence[int],
+        chosen: Sequence[routing_http.Row], quick: bool, with_sim: bool, args: argparse.Namespace) -> dict:
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; {SHAPE.replicas} vLLM CPU replicas "
+          f"of the tiny model, {SHAPE.num_blocks} blocks of {SHAPE.block_size} tokens each", flush=True)
+    served, fleet = start_fleet(work, SHAPE)
+    out: dict = {"shape": dataclasses.asdict(SHAPE), "startup_s": fleet.startup_s,
+                 "kv_check": {**dataclasses.asdict(fleet.kv), "vllm_bytes_per_token": fleet.kv.vllm_bytes_per_token},
+                 "load_average_start": os.getloadavg()[0]}  # fmt: skip
+    print(f"replicas ready in {fleet.startup_s:.0f} s; KV bytes per token {fleet.kv.config_bytes_per_token} from the "
+          f"model's config, {fleet.kv.vllm_bytes_per_token:.1f} from vLLM ({fleet.kv.kv_memory_bytes} bytes cut into "
+          f"{fleet.kv.profiled_blocks} blocks of {fleet.kv.block_size} before the override); {fleet.blocks} blocks "
+          f"reported", flush=True)
+    calibrated: SimConfig | None = None
+    engine_knee: dict = {}
+    engine_runs: list = []
+    try:
+        plan = knee.prepare(fleet, names, limits, quick, args.warmup, args.window) if what != "placement" else None
+        live = placement.base_setup(fleet, quick) if what != "knee" else None
+        if plan is not None:
+            for name in plan.names:
+                f = plan.formulas[name]
+                print(f"knee, {name}: mean final trace {f.mean_trace_tokens:.0f} tokens (last phase "
+                      f"{plan.mean_trace_last_phase[name]:.0f}); x = {f.x:.2f} per replica, x × DP = {f.knee:.1f}, "
+                      f"the formula's cap {f.cap}", flush=True)
+        if with_sim:
+            calibrated = fit(fleet)
+            out["calibration"] = dataclasses.asdict(calibrated)
+        if plan is not None:
+            engine_knee = knee.run_side(plan, fleet.urls, 1.0, "vLLM", fleet.extra)
+        if live is not None:
+            print(f"placement: {live.workload.steps} steps x {live.workload.batch_size} prompts x "
+                  f"{live.workload.group_size} rollouts, {live.async_steps} steps in flight; fixed cap "
+                  f"{routing_http.fixed_limit(live, routing_http.workload(live)[1])}; "
+                  f"{live.token_ratio:.2f} tokens per planned token", flush=True)
+            for seed in seeds:
+                engine_runs += placement.run_seed(live, seed, chosen, "vLLM", work)
+    finally:
+        served.stop()
+    if plan is not None:
+        sim_knee = {}
+        for name in plan.names if calibrated is not None else ():  # each workload's rollout ids have its replies
+            replies = write_replies(plan.chats[name], work / f"knee-replies-{name}.jsonl")
+            with Processes(work) as procs:
+                urls = procs.replicas(SHAPE.replicas, calibrated, SIM_TIME_SCALE, replies, MODEL_NAME,
+                                      tokenizer=fleet.model_dir, weight_sync=True)  # fmt: skip
+                sim_knee |= knee.run_side(plan, urls, SIM_TIME_SCALE, "sim", fleet.extra, [name])
+        out["knee"] = {"shape": out["shape"], **knee.results(plan, engine_knee, sim_knee)}
+    if live is not None:
+        sim_runs = placement.run_sim(live, fleet, calibrated, seeds, chosen, work) if calibrated is not None else []
+        out["placement"] = placement.results(engine_runs, sim_runs, live)
+    out["load_average_end"] = os.getloadavg()[0]
+    return out
+
+
+def fit(fleet: Fleet) -> SimConfig:
+    """The simulator's step-time model fitted to the fleet, in the fleet's shape: every replica probed at once, each
+    request as the runs send it (the random model kept to the workload's words)."""
+    result = asyncio.run(calibrate(fleet.urls, MODEL_NAME, fleet.shape.max_num_seqs, fleet.shape.max_num_batched_tokens,
+                                   PROBES, chunked_prefill=False, extra=fleet.extra, together=True))  # fmt: skip
+    config = fleet.shape.sim_config(result["config"])
+    check = result["recompute"]
+    print(f"calibrated ({os.getloadavg()[0]:.1f} load): " + ", ".join(f"{k} {getattr(config, k):.3g}"
+                                                                       for k in STEP_FIELDS)
+          + f"; recompute check: vLLM {check.live_s:.2f} s with {check.live_preemptions:.0f} preemptions, simulated "
+          f"{check.sim_s:.2f} s with {check.sim_preemptions}", flush=True)  # fmt: skip
+    return config
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
