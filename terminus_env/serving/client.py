@@ -18,6 +18,10 @@ import httpx
 from terminus_env.errors import TerminusError
 from terminus_env.serving.metrics import EngineMetrics, MetricsParseError, parse_metrics
 
+# An idle connection is dropped before vLLM's server closes it (uvicorn's keep-alive, 5 s by default): reusing one
+# that the server is closing fails the request with a ReadError, which a tool wait of about 5 s makes likely.
+KEEPALIVE_EXPIRY_S = 4.0
+
 
 class ServingError(TerminusError):
     """A serving request failed; the message says what the server answered."""
@@ -83,7 +87,7 @@ class ReplicaClient:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         # Agents keep many sessions open at once; httpx's default pool of 100 would queue them here.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits, transport=transport)
 
     async def aclose(self) -> None:
