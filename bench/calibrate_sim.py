@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from terminus_env.serving.client import ReplicaClient
+from terminus_env.serving.client import KEEPALIVE_EXPIRY_S, ReplicaClient
 from terminus_env.serving.sim.engine import SimConfig, SimReplica, SimRequest
 
 STEP_FIELDS = ("step_base_s", "step_per_token_s", "step_per_seq_s", "step_per_context_token_s",
@@ -87,7 +87,7 @@ class Server:
     def __init__(self, base_url: str, model: str | None, extra: dict | None = None) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=_TIMEOUT_S,
-                                      limits=httpx.Limits(max_connections=None))
+                                      limits=httpx.Limits(max_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.model = model
         self.extra = extra or {}  # more fields for every request's body, as the workload sends them
         self.chars_per_token = 4.0

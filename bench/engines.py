@@ -42,6 +42,7 @@ from routing_lab.processes import Processes
 from terminus_env.serving.sim.engine import SimConfig
 
 SHAPE = EngineShape()
+QUICK_SIM_TIME_SCALE = 0.5  # quick: the simulated replicas at twice real time (their lag is printed with each row)
 # The calibration's probes for these replicas: prompts and batches inside their context and KV pool, decode batches
 # up to what a run holds.
 PROBES = Probes(prefill_prompts=(128, 512, 1024, 2048, 3000), decode_shapes=((1, 256), (16, 256), (48, 256), (96, 64),
@@ -103,6 +104,7 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
           f"model's config, {fleet.kv.vllm_bytes_per_token:.1f} from vLLM ({fleet.kv.kv_memory_bytes} bytes cut into "
           f"{fleet.kv.profiled_blocks} blocks of {fleet.kv.block_size} before the override); {fleet.blocks} blocks "
           f"reported", flush=True)
+    sim_scale = QUICK_SIM_TIME_SCALE if quick else SIM_TIME_SCALE
     calibrated: SimConfig | None = None
     engine_knee: dict = {}
     engine_runs: list = []
@@ -116,7 +118,7 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
                       f"{plan.mean_trace_last_phase[name]:.0f}); x = {f.x:.2f} per replica, x × DP = {f.knee:.1f}, "
                       f"the formula's cap {f.cap}", flush=True)
         if with_sim:
-            calibrated = fit(fleet)
+            calibrated = fit(fleet, dataclasses.replace(PROBES, repeats=1) if quick else PROBES)
             out["calibration"] = dataclasses.asdict(calibrated)
         if plan is not None:
             engine_knee = knee.run_side(plan, fleet.urls, 1.0, "vLLM", fleet.extra)
@@ -134,22 +136,23 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
         for name in plan.names if calibrated is not None else ():  # each workload's rollout ids have its replies
             replies = write_replies(plan.chats[name], work / f"knee-replies-{name}.jsonl")
             with Processes(work) as procs:
-                urls = procs.replicas(SHAPE.replicas, calibrated, SIM_TIME_SCALE, replies, MODEL_NAME,
+                urls = procs.replicas(SHAPE.replicas, calibrated, sim_scale, replies, MODEL_NAME,
                                       tokenizer=fleet.model_dir, weight_sync=True)  # fmt: skip
-                sim_knee |= knee.run_side(plan, urls, SIM_TIME_SCALE, "sim", fleet.extra, [name])
+                sim_knee |= knee.run_side(plan, urls, sim_scale, "sim", fleet.extra, [name])
         out["knee"] = {"shape": out["shape"], **knee.results(plan, engine_knee, sim_knee)}
     if live is not None:
-        sim_runs = placement.run_sim(live, fleet, calibrated, seeds, chosen, work) if calibrated is not None else []
+        sim_runs = placement.run_sim(live, fleet, calibrated, seeds, chosen, work, sim_scale) \
+            if calibrated is not None else []
         out["placement"] = placement.results(engine_runs, sim_runs, live)
     out["load_average_end"] = os.getloadavg()[0]
     return out
 
 
-def fit(fleet: Fleet) -> SimConfig:
+def fit(fleet: Fleet, probes: Probes) -> SimConfig:
     """The simulator's step-time model fitted to the fleet, in the fleet's shape: every replica probed at once, each
     request as the runs send it (the random model kept to the workload's words)."""
     result = asyncio.run(calibrate(fleet.urls, MODEL_NAME, fleet.shape.max_num_seqs, fleet.shape.max_num_batched_tokens,
-                                   PROBES, chunked_prefill=False, extra=fleet.extra, together=True))  # fmt: skip
+                                   probes, chunked_prefill=False, extra=fleet.extra, together=True))  # fmt: skip
     config = fleet.shape.sim_config(result["config"])
     check = result["recompute"]
     print(f"calibrated ({os.getloadavg()[0]:.1f} load): " + ", ".join(f"{k} {getattr(config, k):.3g}"

@@ -23,7 +23,7 @@ from typing import Protocol
 import httpx
 
 from routing_lab.chat import ChatRollout
-from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient
+from terminus_env.serving.client import KEEPALIVE_EXPIRY_S, ContextLengthExceeded, ReplicaClient
 from terminus_env.serving.pool import ServingPool
 from terminus_env.serving.sim.server import REPLICA_HEADER
 
@@ -51,7 +51,8 @@ class RouterEndpoint:
 
     def __init__(self, url: str, session_header: str, model: str, limit: int, forced: bool = False,
                  finish_sessions: bool = False, extra: dict | None = None) -> None:
-        self._http = httpx.AsyncClient(base_url=url, timeout=_TIMEOUT_S, limits=httpx.Limits(max_connections=None))
+        limits = httpx.Limits(max_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self._http = httpx.AsyncClient(base_url=url, timeout=_TIMEOUT_S, limits=limits)
         self._header = session_header
         self._model = model
         self._slots = asyncio.Semaphore(limit)

@@ -61,7 +61,7 @@ ROWS = (
 WORKLOAD = WorkloadConfig(steps=3, batch_size=8, group_size=4, system_prompt_tokens=256, task_prompt_tokens_median=256,
                           turns_median=4.0, max_turns=16, output_tokens_median=48.0, tool_tokens_median=64.0,
                           max_tokens=512)  # fmt: skip
-QUICK_WORKLOAD = replace(WORKLOAD, steps=2, batch_size=4)
+QUICK_WORKLOAD = replace(WORKLOAD, steps=2, batch_size=3)
 ASYNC_STEPS = 2
 SEEDS = (0, 1, 2)
 
@@ -115,11 +115,11 @@ def base_setup(fleet: Fleet, quick: bool) -> http.Setup:
     return http.live_setup(setup, fleet.urls, MODEL_NAME)
 
 
-def sim_setup(live: http.Setup, fleet: Fleet, calibrated: SimConfig, urls: Sequence[str]) -> http.Setup:
+def sim_setup(live: http.Setup, fleet: Fleet, calibrated: SimConfig, urls: Sequence[str],
+              time_scale: float) -> http.Setup:
     """The same runs on simulated replicas standing for the fleet's: the calibrated engine, the model's tokenizer,
     the same caps."""
-    return replace(live, engine=calibrated, time_scale=SIM_TIME_SCALE, live=tuple(urls),
-                   tokenizer=str(fleet.model_dir))
+    return replace(live, engine=calibrated, time_scale=time_scale, live=tuple(urls), tokenizer=str(fleet.model_dir))
 
 
 def run_seed(setup: http.Setup, seed: int, chosen: Sequence[http.Row], side: str, logs: Path) -> list[RowRun]:
@@ -156,16 +156,16 @@ def run_one(row: http.Row, setup: http.Setup, chats: list, twins: list, replies:
 
 
 def run_sim(live: http.Setup, fleet: Fleet, calibrated: SimConfig, seeds: Sequence[int], chosen: Sequence[http.Row],
-            logs: Path) -> list[RowRun]:
+            logs: Path, time_scale: float = SIM_TIME_SCALE) -> list[RowRun]:
     """The simulator's prediction: per seed, simulated replicas with that seed's replies, every row in turn."""
     out = []
     for seed in seeds:
         chats, _ = http.workload(replace(live, workload=replace(live.workload, seed=seed)))
         replies = write_replies(chats, logs / f"sim-replies-{seed}.jsonl")
         with Processes(logs) as procs:
-            urls = procs.replicas(fleet.shape.replicas, calibrated, SIM_TIME_SCALE, replies, MODEL_NAME,
+            urls = procs.replicas(fleet.shape.replicas, calibrated, time_scale, replies, MODEL_NAME,
                                   tokenizer=fleet.model_dir, weight_sync=True)  # fmt: skip
-            out += run_seed(sim_setup(live, fleet, calibrated, urls), seed, chosen, "sim", logs)
+            out += run_seed(sim_setup(live, fleet, calibrated, urls, time_scale), seed, chosen, "sim", logs)
     return out
 
 
