@@ -118,8 +118,7 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
                       f"{plan.mean_trace_last_phase[name]:.0f}); x = {f.x:.2f} per replica, x × DP = {f.knee:.1f}, "
                       f"the formula's cap {f.cap}", flush=True)
         if with_sim:
-            calibrated = fit(fleet, dataclasses.replace(PROBES, repeats=1) if quick else PROBES)
-            out["calibration"] = dataclasses.asdict(calibrated)
+            calibrated, out["calibration"] = fit(fleet, dataclasses.replace(PROBES, repeats=1) if quick else PROBES)
         if plan is not None:
             engine_knee = knee.run_side(plan, fleet.urls, 1.0, "vLLM", fleet.extra)
         if live is not None:
@@ -148,7 +147,7 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
     return out
 
 
-def fit(fleet: Fleet, probes: Probes) -> SimConfig:
+def fit(fleet: Fleet, probes: Probes) -> tuple[SimConfig, dict]:
     """The simulator's step-time model fitted to the fleet, in the fleet's shape: every replica probed at once, each
     request as the runs send it (the random model kept to the workload's words)."""
     result = asyncio.run(calibrate(fleet.urls, MODEL_NAME, fleet.shape.max_num_seqs, fleet.shape.max_num_batched_tokens,
@@ -159,7 +158,9 @@ def fit(fleet: Fleet, probes: Probes) -> SimConfig:
                                                                        for k in STEP_FIELDS)
           + f"; recompute check: vLLM {check.live_s:.2f} s with {check.live_preemptions:.0f} preemptions, simulated "
           f"{check.sim_s:.2f} s with {check.sim_preemptions}", flush=True)  # fmt: skip
-    return config
+    return config, {"config": dataclasses.asdict(config), "http_overhead_s": result["http_overhead_s"],
+                    "samples": [dataclasses.asdict(x) for x in result["samples"]], "residuals": result["residuals"],
+                    "recompute": dataclasses.asdict(check), "load_average": os.getloadavg()[0]}
 
 
 

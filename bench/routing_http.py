@@ -84,6 +84,7 @@ class PoolSpec:
     rebalance: bool = True
     oracle: bool = False
     admission: str = "adaptive"  # "adaptive" | "fixed" | "uncapped"
+    max_target_scale: float = 1.0  # adaptive: how far past its KV budget it may probe while engines have room
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def our_admission(spec: PoolSpec, setup: Setup, twins: Sequence[Sequence[Rollout
         return None
     if spec.admission == "fixed":
         return FixedAdmission(fixed_limit(setup, twins))
-    admission = AdaptiveAdmission(pipeline_cap(setup), step0_trace(twins, setup))
+    admission = AdaptiveAdmission(pipeline_cap(setup), step0_trace(twins, setup),
+                                  max_target_scale=spec.max_target_scale)
     if not spec.oracle:
         return admission
     paths = {p.rollout_id: vt.critical_path(p, setup.engine) for batch in twins for p in batch}
