@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from attack_support import cheat
+from attack_support import PYTEST_TESTS, PYTEST_VERIFIER, cheat
 
 from terminus_env import load_task
 
@@ -50,18 +50,8 @@ uv pip install pytest==8.4.1 anyio==4.9.0
 if uv run pytest /tests/test_outputs.py -rA; then r=1; else r=0; fi
 echo $r > /logs/verifier/reward.txt
 """
-SYSTEM_PYTEST_VERIFIER = """\
-#!/bin/bash
-mkdir -p /logs/verifier
-cd /app
-if python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py; then r=1; else r=0; fi
-echo $r > /logs/verifier/reward.txt
-"""
-HELLO_TESTS = """\
-def test_hello_was_written():
-    with open("/app/hello.txt") as handle:
-        assert handle.read() == "hello\\n"
-"""
+SYSTEM_PYTEST_VERIFIER = PYTEST_VERIFIER  # the image's pytest, run from the task's folder
+HELLO_TESTS = PYTEST_TESTS
 SOLVE_HELLO = "echo hello > /app/hello.txt\n"
 TASK_TOML = """\
 version = "1.0"
