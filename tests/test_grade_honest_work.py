@@ -197,3 +197,26 @@ def test_a_vendored_pytest_plugin_the_projects_tests_need(tmp_path):
 
 def _quoted(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+PYTHON_WRITES_THE_REWARD = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+python3 - <<'EOF'
+import json, pathlib, sys
+helper = pathlib.Path("/tmp/grading/checks.py")  # a module of the verifier's own, written and imported here
+helper.parent.mkdir(exist_ok=True)
+helper.write_text("def passed():\\n    return open('/app/hello.txt').read() == 'hello\\\\n'\\n")
+sys.path.insert(0, str(helper.parent))
+import checks
+json.dump({"reward": 1.0 if checks.passed() else 0.0}, open("/logs/verifier/reward.json", "w"))
+EOF
+"""
+
+
+def test_a_reward_written_by_the_verifiers_own_python(tmp_path):
+    """The verifier's Python writes a module of its own (and its bytecode), imports it, then writes the reward: files
+    it wrote itself are its own, so nothing it ran was the agent's."""
+    task = make_task(tmp_path, "python-reward", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
+                     PYTHON_WRITES_THE_REWARD, HELLO_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, SOLVE_HELLO)[1:])
