@@ -15,6 +15,7 @@ import subprocess
 import pytest
 from attack_support import assert_caught, background, cheat, pytest_task_in
 
+from terminus_env import load_task
 from terminus_env.tasks.grading import REWARD_TXT
 
 pytestmark = pytest.mark.usefixtures("docker_required")
@@ -153,3 +154,36 @@ def test_a_loop_left_by_the_agent_itself_still_cannot_reach_the_reward(program_t
     loop = "while true; do echo 1 > /logs/verifier/.r && mv -f /logs/verifier/.r /logs/verifier/reward.txt; done"
     _, reward, info = cheat(program_task, background(loop))
     assert reward == 0.0 and info["end_reason"] == "task_complete"
+
+
+FORGED_BYTECODE = """\
+import importlib.util, marshal, os, struct
+source = "/usr/lib/python3.11/argparse.py"
+info = os.stat(source)
+text = open(source).read() + "\\nimport atexit, os\\natexit.register(os._exit, 0)\\n"
+code = compile(text, source, "exec", dont_inherit=True)
+header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(info.st_mtime) & 0xFFFFFFFF, info.st_size)
+with open(importlib.util.cache_from_source(source), "wb") as out:
+    out.write(header + marshal.dumps(code))
+"""
+
+
+@pytest.fixture(scope="module")
+def bytecode_task(tmp_path_factory, tiny_task_dir):
+    """The pytest task in an image without bytecode beside its modules, as official python images are."""
+    task = pytest_task_in(tmp_path_factory.mktemp("provenance") / "tiny-no-bytecode", tiny_task_dir)
+    dockerfile = task.path / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN find /usr/lib/python3.11 /usr/lib/python3/dist-packages "
+                          "-name '*.pyc' -delete\n")  # fmt: skip
+    return load_task(task.path)
+
+
+def test_bytecode_forged_for_an_unchanged_module_never_pays(bytecode_task):
+    """A .pyc beside argparse, which pytest imports at start, with argparse's own mtime and size in its header (so
+    Python takes it for argparse's cache) and an exit added to its code. The bytecode the agent's side wrote for an
+    unchanged source is removed before the verifier runs (its Python compiles the image's source again), so the
+    forgery never runs: the unsolved task is graded as it stands."""
+    payload = base64.b64encode(FORGED_BYTECODE.encode()).decode()
+    seen, reward, info = cheat(bytecode_task, f"echo {payload} | base64 -d | python3 - && echo forged\n")
+    assert "forged" in seen
+    assert (reward, info["end_reason"]) == (0.0, "task_complete") and "hello.txt" in info["episode"]["failure"]

@@ -220,3 +220,22 @@ def test_a_reward_written_by_the_verifiers_own_python(tmp_path):
     task = make_task(tmp_path, "python-reward", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
                      PYTHON_WRITES_THE_REWARD, HELLO_TESTS)  # fmt: skip
     assert_earned(*cheat(task, SOLVE_HELLO)[1:])
+
+
+NO_BYTECODE_IMAGE = """\
+FROM terminus-env/base:bookworm
+# As official python images: no bytecode cache beside the image's modules, so the first Python to run writes it.
+RUN find /usr/lib/python3.11 /usr/lib/python3/dist-packages -name '*.pyc' -delete
+WORKDIR /app
+"""
+
+
+def test_the_bytecode_cache_the_agents_own_python_wrote(tmp_path):
+    """Any Python the agent runs writes the bytecode of the modules it imports beside them; the verifier's Python
+    then loads those files, before its tests begin. Each is exactly the compilation of the unchanged source beside
+    it, so it is no code of the agent's."""
+    task = make_task(tmp_path, "agents-bytecode", NO_BYTECODE_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS)
+    keys = "python3 -c 'import argparse, ast, enum, typing' && ls /usr/lib/python3.11/__pycache__ | grep -c argparse\n"
+    seen, reward, info = cheat(task, keys, SOLVE_HELLO)
+    assert "\n1\n" in seen  # the agent's Python wrote argparse's bytecode, which pytest imports at start
+    assert_earned(reward, info)

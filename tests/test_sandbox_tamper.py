@@ -19,6 +19,7 @@ from terminus_env.sandbox.tamper import (
     TamperKind,
     UsedFile,
     WatchReport,
+    is_bytecode,
     judge,
     link_candidates,
     queries,
@@ -202,6 +203,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
         "relinked": [{"path": "/usr/bin/python3", "target": "/usr/bin/true", "exec": True, "magic": "7f454c46"}],
         "watch": {"complete": True, "events": 10, "early_code": ["/usr/bin/true"], "runner_signal": 9,
                   "reward_refused": [{"path": "/logs/verifier/reward.txt", "pid": 42, "why": "ran /app/x.sh"}]},
+        "links": [{"path": "/app/pytest", "target": "/usr/lib/python3.11/json", "folder": True}],
     }  # fmt: skip
     report = WatchReport.from_reply(reply)
     assert report.used == (UsedFile("/zz.pth", False, b"impo", b"import os\n", early=False),)
@@ -209,6 +211,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
     assert report.complete and not WatchReport.from_reply({}).complete
     assert report.early_code == {"/usr/bin/true"} and report.runner_signal == 9
     assert report.reward_refused == (RewardOpen("/logs/verifier/reward.txt", 42, "ran /app/x.sh"),)
+    assert report.links == (Relink("/app/pytest", "/usr/lib/python3.11/json", folder=True),)
 
 
 def test_code_changed_while_the_verifier_ran_is_flagged_whatever_its_name() -> None:
@@ -311,8 +314,10 @@ def test_which_paths_of_the_diff_could_be_a_link_that_hijacks_a_load() -> None:
         "/app/.venv/lib/python3.11/site-packages/pluggy/__init__.py",
         "/usr/local/lib/python3.11/dist-packages/pytest/__main__.py",
     }  # fmt: skip
-    assert queries(WatchReport(early_code=frozenset({"/x.py"})), "/app").links
-    assert not queries(WatchReport(), "/app").links
+    assert [is_bytecode(p) for p in ("/usr/lib/python3.11/__pycache__/json.cpython-311.pyc", "/app/x.pyc")] == [
+        True,
+        False,
+    ]
 
 
 def test_a_reward_opened_by_the_agents_program_and_a_killed_test_script() -> None:

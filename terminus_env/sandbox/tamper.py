@@ -34,9 +34,10 @@ the verdict instead of being judged by it. So:
 After the tests began, code the agent provided is what the tests exercise (its program run in a subprocess, its
 module imported by a test): that is the task, not tampering.
 
-Judging runs in three steps so that the I/O stays outside: :func:`queries` says which paths need the image's
-view (Docker's diff of the writable layer), which glob patterns need a look in the container, and whether the
-agent's links need one; :func:`judge` turns the answers into findings.
+Judging runs in steps so that the I/O stays outside: Docker's diff of the writable layer is taken before the
+verifier runs, and :func:`link_candidates` and :func:`is_bytecode` say which of its paths the daemon looks at then;
+:func:`queries` says which paths need the image's view and which glob patterns need a look in the container once it
+ran; :func:`judge` turns the answers into findings.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from typing import Any
 from terminus_env.named import Named
 
 __all__ = [
-    "Change", "Finding", "Queries", "Relink", "RewardOpen", "TamperKind", "UsedFile", "WatchReport", "judge",
-    "link_candidates", "queries",
+    "Change", "Finding", "Queries", "Relink", "RewardOpen", "TamperKind", "UsedFile", "WatchReport", "is_bytecode",
+    "judge", "link_candidates", "queries",
 ]  # fmt: skip
 
 
@@ -134,6 +135,8 @@ class WatchReport:
     """Every shared library the verifier's processes loaded, changed or not."""
     early_code: frozenset[str] = frozenset()
     """Every code file the verifier opened before its tests began, changed or not: where a link may have led."""
+    links: tuple[Relink, ...] = ()
+    """The links the agent made among :func:`link_candidates`, with where each led before the verifier ran."""
     reward_refused: tuple[RewardOpen, ...] = ()
     runner_signal: int | None = None
     """The signal that killed the test script, when the daemon did not send it."""
@@ -152,9 +155,11 @@ class WatchReport:
         watch = reply.get("watch") or {}
         refused = tuple(RewardOpen(r["path"], int(r["pid"]), r["why"]) for r in watch.get("reward_refused", ()))
         signal = watch.get("runner_signal")
+        links = tuple(_relink(item) for item in reply.get("links", ()))
         return cls(
             used, relinked, bool(watch.get("complete", False)), frozenset(reply.get("loaded", ())),
-            frozenset(watch.get("early_code", ())), refused, None if signal is None else int(signal),
+            early_code=frozenset(watch.get("early_code", ())), links=links, reward_refused=refused,
+            runner_signal=None if signal is None else int(signal),
         )  # fmt: skip
 
 
@@ -178,16 +183,14 @@ class Finding:
 
 @dataclass(frozen=True)
 class Queries:
-    """What :func:`judge` needs to know: the image's view of ``diff_paths``, the matches of ``patterns``, and, when
-    ``links``, the links the agent made among the paths Docker's diff lists (:func:`link_candidates`)."""
+    """What :func:`judge` needs to know: the image's view of ``diff_paths``, and the matches of ``patterns``."""
 
     diff_paths: frozenset[str]
     patterns: tuple[str, ...]
-    links: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.diff_paths and not self.patterns and not self.links
+        return not self.diff_paths and not self.patterns
 
 
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -256,7 +259,14 @@ def queries(report: WatchReport, workdir: str | None) -> Queries:
     for link in report.relinked:
         diff.add(link.path)
         patterns.extend(_shadow_patterns(_as_used(link), workdir))
-    return Queries(frozenset(diff), tuple(dict.fromkeys(patterns)), links=bool(report.early_code))
+    return Queries(frozenset(diff), tuple(dict.fromkeys(patterns)))
+
+
+def is_bytecode(path: str) -> bool:
+    """A file of a ``__pycache__`` folder: the verifier's daemon removes those the agent wrote for unchanged sources
+    (Python compiles them again) before the verifier runs."""
+    folder, name = posixpath.split(path)
+    return posixpath.basename(folder) == "__pycache__" and name.endswith(".pyc")
 
 
 def link_candidates(paths: Iterable[str], workdir: str | None) -> tuple[str, ...]:
@@ -283,8 +293,8 @@ def judge(
     found: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     links: Sequence[Relink] = (),
 ) -> tuple[Finding, ...]:
-    """The findings: ``changes`` is Docker's diff for the paths :func:`queries` asked about (a path it does not list
-    did not exist in the image, or came and went while the verifier ran), ``found`` the matches of its patterns
+    """The findings: ``changes`` is Docker's diff, from before the verifier ran, for the paths :func:`queries` asked
+    about (a path it does not list did not exist in the image), ``found`` the matches of its patterns
     (``{"path", "changed"}`` each), ``links`` the links the agent made among :func:`link_candidates`."""
     changes, found = changes or {}, found or {}
     findings: list[Finding] = []
