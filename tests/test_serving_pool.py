@@ -432,3 +432,14 @@ def _raise(exc: Exception):
         raise exc
 
     return handler
+
+
+def test_a_pool_for_a_model_the_replica_does_not_serve_says_which_it_serves():
+    async def main():
+        async with SimServer(ServerConfig(model="served-name", time_scale=0.0)) as a:
+            pool = ServingPool([a.url], "/path/it/was/started/from")
+            with pytest.raises(ServingError, match="serves 'served-name', not '/path/it/was/started/from'"):
+                await pool.start()
+            await pool.aclose()
+
+    run(main())

@@ -43,6 +43,10 @@ class ReplicaUnavailable(ServingError):
         self.delivered = delivered
 
 
+class ModelNotServed(ServingError):
+    """The replica answers, and serves other models than the one asked for."""
+
+
 class EngineDied(ServingError):
     """A replica's engine died while it held this request (HTTP 5xx or a dropped connection, then no ``/health``).
 
@@ -145,7 +149,7 @@ class ReplicaClient:
         return self._completion(response)
 
     async def served_model(self, model: str) -> ModelCard:
-        """``model`` as ``/v1/models`` describes it; a :class:`ServingError` naming the served ones if it is not."""
+        """``model`` as ``/v1/models`` describes it; :class:`ModelNotServed`, naming the served ones, if it is not."""
         response = await self._request("GET", "/v1/models")
         try:
             cards = response.json()["data"]
@@ -153,7 +157,7 @@ class ReplicaClient:
         except (ValueError, KeyError, TypeError) as exc:
             raise ServingError(f"{self.base_url}/v1/models: not an OpenAI model list: {response.text[:200]!r}") from exc
         if model not in served:
-            raise ServingError(
+            raise ModelNotServed(
                 f"{self.base_url} serves {', '.join(map(repr, served)) or 'no model'}, not {model!r}: pass the "
                 "served name (vLLM's --served-model-name, else its --model)"
             )

@@ -34,6 +34,7 @@ from terminus_env.serving.client import (
     ContextLengthExceeded,
     EngineDied,
     ModelCard,
+    ModelNotServed,
     ReplicaClient,
     ReplicaUnavailable,
     ServingError,
@@ -187,6 +188,10 @@ class ServingPool:
             self._cards[name] = await client.served_model(self.model)
         except ReplicaUnavailable:
             return None  # down: the scrape marks it so
+        except ModelNotServed:
+            raise
+        except ServingError as exc:  # no model list (not a vLLM server): no context length known, none capped
+            log.warning("replica %s: %s", name, exc)
         try:
             return await client.weight_version()
         except ServingError:
@@ -393,11 +398,14 @@ class ServingPool:
     async def _scrape(self, name: str) -> None:
         client = self._clients[name]
         if name in self._down:
-            if not await client.health() or not await self._weights_current(name):
-                return
-            log.info("replica %s answers /health again; it takes new sessions", name)
-            self._down.discard(name)
-            self.scheduler.mark_up(name)
+            if not await client.health() or self._sync_lock.locked():
+                return  # down, or a sync runs: it would move the weights this replica must hold
+            async with self._sync_lock:
+                if not await self._weights_current(name):
+                    return
+                log.info("replica %s answers /health again; it takes new sessions", name)
+                self._down.discard(name)
+                self.scheduler.mark_up(name)
         try:
             engines = await client.metrics()
         except ReplicaUnavailable as exc:
