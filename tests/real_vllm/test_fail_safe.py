@@ -21,8 +21,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
-from vllm_support import MODEL_NAME, PROMPT, expected_logprobs, launch
+from vllm_support import MODEL_NAME, PROMPT, expected_logprobs, launch, perturbed
 
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.run_log import read_run
@@ -47,15 +46,9 @@ def small(model_dir, replica_logs):
 
 @pytest.fixture(scope="module")
 def step1(model_dir, tmp_path_factory):
-    """A trainer's step: every weight moved, saved with ``save_pretrained``; the model and its folder."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    """A trainer's step on disk: the model and its folder."""
     folder = tmp_path_factory.mktemp("step-1")
-    model.save_pretrained(folder)
-    return model, folder
+    return perturbed(model_dir, folder, seed=11), folder
 
 
 def edited(source, folder, change):

@@ -77,7 +77,7 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
     run(make_model, 300)
     logs = replica_logs("getting-started")
     serve_line = serve.replace(" serve ", f" serve --port {port} --log-dir {shlex.quote(str(logs))} ", 1)
-    launcher = subprocess.Popen(["bash", "-c", f"exec {serve_line}"], cwd=clone, env=env, stdout=subprocess.PIPE,
+    launcher = subprocess.Popen(["bash", "-c", f"exec env {serve_line}"], cwd=clone, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
         printed = ready(launcher)
