@@ -61,7 +61,11 @@ REWARD_FIELD = "env_reward"
 
 
 class TerminusRollouts:
-    """TRL's ``rollout_func``; call :meth:`close` (or use ``with``) when training ends."""
+    """TRL's ``rollout_func``; call :meth:`close` (or use ``with``) when training ends.
+
+    ``max_tokens`` is the one per-turn limit: the engine cuts each reply there, and the env judges the cut by it
+    (``max_turn_tokens``). A ``seed`` in ``sampling`` becomes one per rollout and turn, so a group holds no copies.
+    """
 
     def __init__(
         self,

@@ -123,7 +123,7 @@ class ServingPool:
         self._sessions: dict[str, _SessionState] = {}
         self._scraper: asyncio.Task | None = None
         self.failovers = 0  # requests retried on another replica
-        self.policy_version: Any = None  # the weights the replicas serve, as the last sync_weights named them
+        self.policy_version: Any = None  # the weights the replicas serve: the last sync's, or as read at start
         self._good = Weights(None, None)  # the weights the fleet serves: what a replica back or failing is given
         self._cards: dict[str, ModelCard] = {}  # each replica's /v1/models entry for the model
         self._retry_at: dict[str, float] = {}  # when a replica that failed to catch up is tried again

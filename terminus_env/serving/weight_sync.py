@@ -193,6 +193,6 @@ class WeightSync:
 
     version: str
     replicas: tuple[str, ...]
-    skipped: tuple[str, ...]  # down at the time; each gets these weights before it takes sessions again
+    skipped: tuple[str, ...]  # down at the time, or failed to load: each gets these weights before it serves again
     held_s: float  # new requests waited this long (drain + load + cache reset)
     load_s: float  # of which loading the weights, the slowest replica
