@@ -305,3 +305,28 @@ def test_the_served_model_may_be_named_by_another_folder(tmp_path):
             return a.pauses, pool.policy_version
 
     assert run(main()) == (1, 1)  # the first was refused before any pause; the second was checked and loaded
+
+
+def test_a_weight_update_call_whose_connection_dropped_is_sent_again_and_a_refusal_is_not():
+    """A replica that dropped the kept-alive connection after a failed reload answered the pool's /resume with a
+    ReadError, and both replicas stayed paused: such calls are idempotent and go again; an answer (500) is final."""
+    import httpx
+
+    calls: list[str] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/resume" and calls.count("/resume") == 1:
+            raise httpx.ReadError("[Errno 104] Connection reset by peer")
+        if request.url.path == "/collective_rpc":
+            return httpx.Response(500, json={"error": {"message": "Worker failed"}})
+        return httpx.Response(200, json={"status": "ok"})
+
+    async def main():
+        async with ReplicaClient("http://x", transport=httpx.MockTransport(flaky)) as client:
+            await client.resume()
+            with pytest.raises(ServingError, match="Worker failed"):
+                await client.collective_rpc("reload_weights", {"weights_path": "/x"})
+
+    run(main())
+    assert calls == ["/resume", "/resume", "/collective_rpc"]
