@@ -33,6 +33,14 @@ if args[0] == "-c":
 port = args[args.index("--port") + 1]
 record = {{"pid": os.getpid(), "argv": args, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
           "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "dev": os.environ.get("VLLM_SERVER_DEV_MODE")}}
+straggler = os.environ.get("STUB_STRAGGLER")  # a file: fork a worker that ignores SIGTERM and keeps writing to it
+if straggler and os.fork() == 0:
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(straggler, "a") as out:
+        out.write(str(os.getpid()) + "\\n")
+        while True:
+            out.write("x"); out.flush(); time.sleep(0.001)
 with open(os.path.join({records!r}, port + ".json"), "w") as f:
     json.dump(record, f)
 sync = ["--weight-sync"] if os.environ.get("VLLM_SERVER_DEV_MODE") == "1" else []
@@ -238,6 +246,31 @@ def test_with_no_replica_left_the_launcher_exits(stub_python):
             os.kill(record["pid"], signal.SIGKILL)
         assert proc.wait(timeout=30) == 1
         assert "no replica is left" in proc.stderr.read()
+
+
+def test_once_the_launcher_has_stopped_no_process_of_a_replica_writes_any_more(stub_python, tmp_path):
+    """A worker that ignores SIGTERM and outlives its replica's main process is SIGKILLed, and the launcher returns
+    only once it is gone: the caller may remove the replica's folders at once."""
+    env, records, python = stub_python
+    written = tmp_path / "straggler.out"
+    env["STUB_STRAGGLER"] = str(written)
+    args = ["--model", "tiny", "--dp", "1", "--port", str(free_ports(1)), "--device", "gpu", "--stop-timeout", "1"]
+    with _launched(env, python, *args) as proc:
+        _read_until_ready(proc)
+        deadline = time.monotonic() + 10
+        while "\n" not in (written.read_text() if written.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker = int(written.read_text().split("\n", 1)[0])
+        try:
+            assert pid_alive(worker)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0
+            assert not pid_alive(worker)  # at once: no wait here
+            size = written.stat().st_size
+            time.sleep(0.2)
+            assert written.stat().st_size == size
+        finally:
+            terminate(worker)
 
 
 def test_launcher_killed_outright_leaves_no_replica(stub_python):

@@ -20,8 +20,10 @@ from pathlib import Path
 import httpx
 
 from terminus_env.errors import TerminusError
+from terminus_env.process_group import end_group
 from terminus_env.serving.weight_sync import BROKEN_TAG
 
+KILL_WAIT_S = 30.0  # for every process of a SIGKILLed replica to be gone
 WEIGHT_TAG_POLL_S = 2.0  # how often the launcher reads each replica's weight version (with --weight-sync)
 
 
@@ -143,7 +145,7 @@ def watch(
                 code = proc.poll()
                 if i in gone or (code is None and i not in broken):
                     continue
-                _signal_group(proc, signal.SIGKILL)  # what vLLM forked may outlive the API server
+                end_group(proc.pid, KILL_WAIT_S)  # what vLLM forked outlives the API server, holding its memory and log
                 proc.wait()
                 if code is None:
                     what = f"terminus-env serve: replica {replica.index} ({replica.url}) failed to load weights and " \
@@ -178,7 +180,9 @@ def _tagged_broken(http: httpx.Client, url: str) -> bool:
 
 
 def stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group."""
+    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group and wait until none of
+    it is alive: a worker that outlived its leader may still write to the replica's log or caches, which the caller
+    may remove as soon as this returns."""
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -188,8 +192,11 @@ def stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             pass
     for proc in procs:
-        _signal_group(proc, signal.SIGKILL)  # stragglers, including workers whose leader already exited
+        left = end_group(proc.pid, KILL_WAIT_S)  # stragglers, including workers whose leader already exited
         proc.wait()
+        if left:
+            print(f"terminus-env serve: processes {left} of replica pid {proc.pid} outlived SIGKILL for "
+                  f"{KILL_WAIT_S:.0f}s", file=sys.stderr)  # fmt: skip
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
