@@ -109,12 +109,15 @@ def end_reason_table() -> str:
 
 @dataclass(frozen=True)
 class Reply:
-    """A model reply with what the inference engine reported about it."""
+    """A model reply with what the inference engine reported about it, and the context length of the model that
+    wrote it (``max_model_len``), so that a reply cut because prompt and reply filled the context is told from one
+    cut at the per-turn limit."""
 
     text: str
     finish_reason: str = "stop"
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -123,7 +126,7 @@ class Reply:
             raise TypeError(f"Reply.text must be a str, not {kind}{hint}")
         if not isinstance(self.finish_reason, str):
             raise TypeError(f"Reply.finish_reason must be a str, not {type(self.finish_reason).__name__}")
-        for name in ("completion_tokens", "prompt_tokens"):
+        for name in ("completion_tokens", "prompt_tokens", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise TypeError(f"Reply.{name} must be a non-negative int or None, not {value!r}")
@@ -274,10 +277,23 @@ def _within_turns(verdict: Verdict, limits: TurnLimits) -> Verdict:
 
 
 def _context_exceeded(reply: Reply, limits: TurnLimits) -> bool:
-    if reply.finish_reason == "context_length":
+    if reply.finish_reason == "context_length" or _filled_context(reply):
         return True
     limit = limits.max_context_tokens
     return limit is not None and reply.prompt_tokens is not None and reply.prompt_tokens > limit
+
+
+def _filled_context(reply: Reply) -> bool:
+    """A reply cut because prompt and reply reached the model's context: the next turn cannot fit, whatever the
+    per-turn limit, so this is the context's end, not a truncated turn."""
+    used = (reply.prompt_tokens or 0) + (reply.completion_tokens or 0)
+    return (
+        reply.finish_reason == "length"
+        and reply.max_model_len is not None
+        and reply.prompt_tokens is not None
+        and reply.completion_tokens is not None
+        and used >= reply.max_model_len
+    )
 
 
 def _turn_truncated(reply: Reply, limits: TurnLimits) -> bool:

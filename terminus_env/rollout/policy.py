@@ -52,6 +52,10 @@ class ServingPolicy:
     Every turn records the version of the weights that produced it, with its sampling parameters: the
     pool's (``ServingPool.sync_weights`` names it, and a request in flight during a sync keeps the old
     one), unless a trainer that syncs weights its own way sets ``policy_version`` here.
+
+    A ``seed`` in ``sampling`` is the base of per-request seeds, not one seed for every request: each turn is
+    sent with :func:`request_seed` of it, the rollout and the turn, so the rollouts of a GRPO group (one prompt,
+    many samples) differ, and a rollout with the same id, prompt and weights draws the same tokens again.
     """
 
     def __init__(
@@ -74,14 +78,13 @@ class ServingPolicy:
         from terminus_env.serving import ContextLengthExceeded
 
         version = self.policy_version
-        sampling = {"max_tokens": self._max_tokens, **self._sampling}
+        sent = dict(self._sampling)
+        if sent.get("seed") is not None:
+            sent["seed"] = request_seed(sent["seed"], rollout.rollout_id, _turn(messages))
+        sampling = {"max_tokens": self._max_tokens, **sent}
         try:
             completion = await self._pool.chat(
-                rollout.rollout_id,
-                messages,
-                max_tokens=self._max_tokens,
-                group_id=rollout.group_id,
-                **self._sampling,
+                rollout.rollout_id, messages, max_tokens=self._max_tokens, group_id=rollout.group_id, **sent
             )
         except ContextLengthExceeded:
             version = self._pool.policy_version if version is None else version
@@ -94,6 +97,7 @@ class ServingPolicy:
                 finish_reason=completion.finish_reason,
                 completion_tokens=completion.completion_tokens,
                 prompt_tokens=completion.prompt_tokens,
+                max_model_len=completion.max_model_len,
             ),
             prompt_token_ids=completion.prompt_token_ids,
             token_ids=completion.token_ids,
@@ -149,6 +153,13 @@ class FlakyOraclePolicy:
         if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
             return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
         return PolicyOutput(reply=Reply(text=_reply("", self._duration, complete=True, plan="Give up.")))
+
+
+def request_seed(base: int, rollout_id: str, turn: int) -> int:
+    """The seed of one request: fixed by the base seed, the rollout and the turn, distinct across them (vLLM takes
+    seeds below 2**63; 31 bits keep every engine's generator content)."""
+    digest = hashlib.sha256(f"{base}:{rollout_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 def _draw(*key: object) -> float:
