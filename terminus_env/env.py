@@ -42,6 +42,7 @@ from terminus_env.rules import (
     ending_after,
     judge_after_commands,
     judge_reply,
+    tamper_ending,
 )
 from terminus_env.sandbox import (
     AgentCaused,
@@ -327,8 +328,9 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                     result = await grade(_sandbox(episode), self.task)
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
                     tampering = tuple(finding.as_dict() for finding in result.tampering)
-                    if tampering and self.tamper is TamperPolicy.FAIL:
-                        reason, graded, reward = EndReason.TAMPERED, False, 0.0
+                    ending = tamper_ending(tampering, self.tamper)
+                    if ending is not None:
+                        reason, graded, reward = ending, False, 0.0
             except SandboxError as exc:  # the agent's processes may have starved or broken the verifier
                 reason = ending_after(await _failure(episode.sandbox, exc), grading=True, reason=reason)
                 graded = False

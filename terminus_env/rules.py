@@ -9,6 +9,7 @@ generated from :class:`EndReason` (:func:`end_reason_table`) and checked against
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from terminus_env.named import Named as _Named
@@ -36,6 +37,7 @@ class EndReason(_Named):
     RESOURCE_LIMIT = "resource_limit"
     VERIFIER_BROKEN = "verifier_broken"
     TAMPERED = "tampered"
+    UNVERIFIABLE = "unverifiable"
     ENV_ERROR = "env_error"
 
     @property
@@ -54,8 +56,9 @@ class EndReason(_Named):
 
     @property
     def masked(self) -> bool:
-        """A trainer should drop the episode: the infrastructure failed, so its reward says nothing of the model."""
-        return self.fault is Fault.INFRASTRUCTURE
+        """A trainer should drop the episode: its reward says nothing of the model (the infrastructure failed, or
+        the grade can be neither trusted nor blamed on the agent)."""
+        return self.fault is Fault.INFRASTRUCTURE or self is EndReason.UNVERIFIABLE
 
     @property
     def event(self) -> str:
@@ -87,6 +90,11 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
         "train (by default): the verdict was the agent's, not the verifier's: code the agent provided ran before the "
         "tests began or in the verifier's runtime, or the agent's program wrote the reward "
         "(`info['episode']['tampering']`)",
+    ),
+    EndReason.UNVERIFIABLE: (
+        False, False, Fault.NONE,
+        "train (by default): the verifier's runner loaded a pytest plugin that a package the agent installed "
+        "registers, as an honest install of that package does too: the grade can be neither trusted nor blamed",
     ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
@@ -183,6 +191,16 @@ class TamperPolicy(_Named):
     @classmethod
     def for_mode(cls, mode: str) -> TamperPolicy:
         return cls.FAIL if mode == "train" else cls.REPORT
+
+
+def tamper_ending(findings: Sequence[Mapping[str, object]], policy: TamperPolicy) -> EndReason | None:
+    """How a graded episode whose verifier run raised ``findings`` ends under ``policy``, or None when the grade
+    stands: ``tampered`` when any finding is certain, ``unverifiable`` (masked) when every one is uncertain."""
+    if not findings or policy is TamperPolicy.REPORT:
+        return None
+    if any(finding.get("certain", True) for finding in findings):
+        return EndReason.TAMPERED
+    return EndReason.UNVERIFIABLE
 
 
 @dataclass(frozen=True)

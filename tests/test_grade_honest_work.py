@@ -239,3 +239,27 @@ def test_the_bytecode_cache_the_agents_own_python_wrote(tmp_path):
     seen, reward, info = cheat(task, keys, SOLVE_HELLO)
     assert "\n1\n" in seen  # the agent's Python wrote argparse's bytecode, which pytest imports at start
     assert_earned(reward, info)
+
+
+WHEELS_IMAGE = """\
+FROM terminus-env/base:bookworm
+COPY wheels /opt/wheels
+WORKDIR /app
+"""
+# What `pip install httpx` leaves: anyio and its dependencies, each with the installer's RECORD (pip is not in the
+# base image; a wheel unpacked into the site folder is what pip writes, less its INSTALLER file).
+INSTALL_ANYIO = (
+    "for w in /opt/wheels/anyio-* /opt/wheels/sniffio-* /opt/wheels/idna-* /opt/wheels/typing_extensions-*; do "
+    "python3 -m zipfile -e $w /usr/local/lib/python3.11/dist-packages/; done\n"
+)
+
+
+def test_a_pytest_plugin_an_installed_package_registers_is_masked_not_zeroed(tmp_path, wheels):
+    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does):
+    pytest loads anyio's plugin before the tests begin, exactly as it would a cheat's plugin. The episode can be
+    neither trusted nor blamed: it ends `unverifiable`, masked, instead of zeroing an honest solution."""
+    task = make_task(tmp_path, "anyio-system", WHEELS_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS, wheels)
+    _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
+    episode = info["episode"]
+    assert (reward, info["end_reason"], info["env_error"], episode["fault"]) == (0.0, "unverifiable", True, "none")
+    assert episode["tampering"] and not any(finding["certain"] for finding in episode["tampering"])

@@ -42,6 +42,7 @@ ran; :func:`judge` turns the answers into findings.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import posixpath
 import re
@@ -171,14 +172,17 @@ def _relink(item: Mapping[str, Any]) -> Relink:
 
 @dataclass(frozen=True)
 class Finding:
-    """One reason the verifier's run is not trusted: what kind, which path, and in words."""
+    """One reason the verifier's run is not trusted: what kind, which path, and in words. ``certain`` is False
+    where an honest solution does the same (a pytest plugin of a package the agent installed as an installer does):
+    such a run can be neither trusted nor blamed (``rules.tamper_ending`` masks it)."""
 
     kind: TamperKind
     path: str
     detail: str
+    certain: bool = True
 
-    def as_dict(self) -> dict[str, str]:
-        return {"kind": self.kind.value, "path": self.path, "detail": self.detail}
+    def as_dict(self) -> dict[str, str | bool]:
+        return {"kind": self.kind.value, "path": self.path, "detail": self.detail, "certain": self.certain}
 
 
 @dataclass(frozen=True)
@@ -256,6 +260,9 @@ def queries(report: WatchReport, workdir: str | None) -> Queries:
         if _is_runtime(used.path) and _is_code(used):
             diff.add(used.path)
         patterns.extend(_shadow_patterns(used, workdir))
+        dist = _plugin_dist(used)
+        if dist is not None:
+            patterns.append(f"{_glob_escape(dist)}/RECORD")
     for link in report.relinked:
         diff.add(link.path)
         patterns.extend(_shadow_patterns(_as_used(link), workdir))
@@ -316,7 +323,38 @@ def judge(
         findings.extend(_judge_link(link, workdir, changes, found))
     for link in links:
         findings.extend(_judge_agents_link(link, report.early_code))
-    return tuple(dict.fromkeys(findings))
+    installed = _installed_plugin_sites(report, found)
+    return tuple(dict.fromkeys(_as_uncertain(finding, installed) for finding in findings))
+
+
+def _plugin_dist(used: UsedFile) -> str | None:
+    """The dist-info folder of an ``entry_points.txt`` registering a pytest plugin, read before the tests began."""
+    folder = posixpath.dirname(used.path)
+    if used.early and used.path.endswith("/entry_points.txt") and folder.endswith(".dist-info"):
+        return folder if b"[pytest11]" in (used.head or b"") else None
+    return None
+
+
+def _installed_plugin_sites(
+    report: WatchReport, found: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> frozenset[str]:
+    """Site folders where the agent installed a pytest plugin as an installer does (its dist-info has a RECORD):
+    ``pip install httpx`` registers anyio's, and the runner loads it, as it would a cheat's."""
+    sites = set()
+    for used in report.used:
+        dist = _plugin_dist(used)
+        if dist is not None and found.get(f"{_glob_escape(dist)}/RECORD"):
+            sites.add(posixpath.dirname(dist))
+    return frozenset(sites)
+
+
+def _as_uncertain(finding: Finding, sites: frozenset[str]) -> Finding:
+    """What the runner loaded from a site folder with an installed plugin, and the plugin's registration, could be
+    that honest install's: uncertain. Anything else the agent provided stays certain."""
+    kinds = (TamperKind.LOADED_BEFORE_TESTS, TamperKind.RUNNER_CONFIG)
+    if finding.kind in kinds and any(finding.path.startswith(site + "/") for site in sites):
+        return dataclasses.replace(finding, certain=False)
+    return finding
 
 
 def _judge_used(
