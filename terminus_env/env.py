@@ -85,7 +85,7 @@ class EpisodeSummary:
     """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
     failure: str | None = None
     """The verifier's first failing test and its assertion (`GradeResult.failure`)."""
-    tampering: tuple[dict[str, str], ...] = ()
+    tampering: tuple[dict[str, str | bool], ...] = ()
     """What the verifier ran that the agent changed in the verifier's runtime: ``{"kind", "path", "detail"}`` each
     (``sandbox/tamper.py``). In train mode (``TamperPolicy.FAIL``) such an episode ends ``tampered``."""
 
