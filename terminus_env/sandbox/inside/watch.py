@@ -311,8 +311,11 @@ def _path(fd, info):
 
 
 def _is_test_file(path, in_tests=False):
-    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere."""
-    name = os.path.basename(path)
+    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere, or the
+    bytecode of one (pytest loads its rewritten test modules from ``__pycache__`` without opening the source)."""
+    folder, name = os.path.split(path)
+    if os.path.basename(folder) == "__pycache__" and name.endswith(".pyc"):
+        name = name.split(".")[0] + ".py"
     if not name.endswith(".py"):
         return False
     return in_tests or name.startswith("test_") or name.endswith("_test.py")
