@@ -126,6 +126,20 @@ class OraclePolicy:
         return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
 
 
+class NopPolicy:
+    """Declares the task done at once, without a command: the episode a validity check expects to earn 0."""
+
+    def __init__(self, command_duration: float = 60.0) -> None:
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration)))
+
+
 class FlakyOraclePolicy:
     """A scripted policy that solves some tasks sometimes, so eval statistics have something to show.
 
@@ -152,7 +166,7 @@ class FlakyOraclePolicy:
             turn -= 1
         if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
             return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
-        return PolicyOutput(reply=Reply(text=_reply("", self._duration, complete=True, plan="Give up.")))
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration, plan="Give up.")))
 
 
 def request_seed(base: int, rollout_id: str, turn: int) -> int:
@@ -188,6 +202,11 @@ def oracle_reply(task: Task, turn: int, duration: float = 60.0) -> str:
     if turn == 0:
         return _reply(_install_and_run(task), duration, complete=False, plan="Apply the reference solution.")
     return _reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
+
+
+def nop_reply(duration: float = 60.0, plan: str = "Declare the task done without doing anything.") -> str:
+    """No command, and the task declared done (each turn, so a confirmation is answered the same way)."""
+    return _reply("", duration, complete=True, plan=plan)
 
 
 def _turn(messages: list[dict[str, str]]) -> int:
