@@ -20,9 +20,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 CORPUS_FILE = HERE / "corpus.toml"
