@@ -60,6 +60,8 @@ class Corpus:
     wheels: tuple[tuple[str, ...], ...]
     edits: tuple[Edit, ...]
     tasks: tuple[CorpusTask, ...] = field(default=())
+    host_env: dict[str, str] = field(default_factory=dict)
+    """Host variables that tasks' `${VAR}` templates need; run.py sets them where unset."""
 
 
 class MissingSnapshot(Exception):
@@ -77,8 +79,9 @@ def load_corpus(path: Path = CORPUS_FILE) -> Corpus:
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: task names repeat: {sorted({n for n in names if names.count(n) > 1})}")
-    return Corpus(defaults["base_image"], tuple(tuple(w) for w in defaults.get("wheels", ())),
-                  tuple(_edit(e) for e in defaults.get("edits", ())), tasks)  # fmt: skip
+    edits = tuple(_edit(e) for e in defaults.get("edits", ()))
+    wheels = tuple(tuple(w) for w in defaults.get("wheels", ()))
+    return Corpus(defaults["base_image"], wheels, edits, tasks, dict(defaults.get("host_env", {})))
 
 
 def _edit(raw: dict) -> Edit:

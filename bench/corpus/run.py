@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from materialise import load_corpus  # beside this script
+
 from terminus_env.rollout import NopPolicy, OraclePolicy, RolloutRunner
 from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.tasks import Task, load_task
@@ -86,7 +88,12 @@ async def run_corpus(folders: list[Path], jobs: int) -> list[RunRecord]:
 
     async def one(folder: Path) -> list[RunRecord]:
         async with semaphore:
-            task = load_task(folder)
+            try:
+                task = load_task(folder)
+            except Exception as exc:  # a task that does not load is reported, the run goes on
+                problem = f"load: {' '.join(str(exc).split())[:400]}"
+                print(f"  {folder.name}: {problem}", flush=True)
+                return [RunRecord(folder.name, run, mode, kind, None, None, error=problem) for run, mode, kind in RUNS]
             try:
                 await task_image(task)
                 problem = None
@@ -165,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no materialised corpus at {args.tasks}: run `make corpus-tasks` first", file=sys.stderr)
         return 2
     folders = sorted(p for p in args.tasks.iterdir() if p.is_dir() and (not args.name or p.name in args.name))
+    for name, value in load_corpus().host_env.items():  # what task.toml templates ask of the host
+        os.environ.setdefault(name, value)
     started = time.monotonic()
     print(f"{len(folders)} tasks, {len(RUNS)} runs each, {args.jobs} at once (load {os.getloadavg()[0]:.1f})")
     records = asyncio.run(run_corpus(folders, args.jobs))
