@@ -6,6 +6,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import shlex
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,16 +216,39 @@ def _turn(messages: list[dict[str, str]]) -> int:
 
 def _install_and_run(task: Task) -> str:
     """The solution folder travels as one base64 line: a heredoc typed into an interactive shell
-    would trigger tab completion on the tabs of a Makefile."""
+    would trigger tab completion on the tabs of a Makefile. It goes to /solution, where Harbor puts it,
+    or to a fresh temporary folder when the agent's user cannot write there (``[agent] user``)."""
     if task.solution_path is None or not task.solution_path.exists():
         return "echo 'this task ships no solution'\n"
     whole_folder = task.source_format == "harbor"  # Harbor copies solution/ whole; TB1 has one script
     payload = base64.b64encode(_tar_gz(task.solution_path.parent if whole_folder else task.solution_path)).decode()
     script = task.solution_path.name
     return (
-        f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
-        f" && bash /solution/{script}\n"
+        "S=/solution; { mkdir -p $S && test -w $S; } 2>/dev/null || S=$(mktemp -d);"
+        f" echo {payload} | base64 -d | tar -xz -C $S && {_env_prefix(task.solution_env)}bash $S/{script}\n"
     )
+
+
+def _env_prefix(variables: Mapping[str, str]) -> str:
+    """``env NAME=value ...`` for the task's ``[solution.env]``, which solve.sh gets as Harbor's oracle gives it.
+    A value that is not one printable line is quoted as bash's ``$'...'``: typed raw, a newline ends the command."""
+    if not variables:
+        return ""
+    words = []
+    for name, value in variables.items():
+        if value.isprintable():
+            words.append(shlex.quote(f"{name}={value}"))
+        else:
+            words.append(shlex.quote(f"{name}=") + "$'" + "".join(map(_ansi_c, value)) + "'")
+    return "env " + " ".join(words) + " "
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return "".join(f"\\x{byte:02x}" for byte in char.encode())  # bytes, whatever the shell's locale
 
 
 def _tar_gz(path: Path) -> bytes:
