@@ -88,12 +88,13 @@ bench-http: venv
 # The corpus of public tasks (bench/corpus, docs/notes/corpus.md): copied out of the snapshots fetched into
 # /work/.mirror and adapted to run offline, into .corpus/ (the target says which snapshot to fetch when one is
 # missing); `corpus` then plays each task in train and eval mode and writes the table of false tamper flags
-# (.corpus/corpus-runs.md and .json). Images are built on demand; never part of `make test`.
+# (.corpus/corpus-runs.md and .json). `make corpus CHECKOUT=/path/to/other/checkout` plays the same tasks with that
+# checkout's terminus_env. Images are built on demand; never part of `make test`.
 corpus-tasks: base-image
 	$(PY) bench/corpus/materialise.py
 
 corpus: corpus-tasks
-	$(PY) bench/corpus/run.py --jobs 2
+	$(PY) bench/corpus/run.py --jobs 2 $(if $(CHECKOUT),--checkout $(CHECKOUT))
 
 clean:
 	-$(CLI) gc

@@ -1,9 +1,10 @@
 """Lay out the corpus of public tasks (bench/corpus/corpus.toml) in a work folder, adapted to this offline machine.
 
-The tasks come from snapshots fetched with the search tool's `fetch` (git directories under /work/.mirror); no
-fetched file is kept in the repository. For each task: its folder at the listed commit is copied out with
-`git archive`, then the corpus's edits are applied and recorded in the task's `adaptations.json`. The wheels the
-tasks install are downloaded with pip on the host, and the corpus base image is built if it is missing.
+The public tasks come from snapshots fetched with the search tool's `fetch` (git directories under /work/.mirror);
+no fetched file is kept in the repository. The corpus's own tasks (`repo = "ours"`) live in bench/corpus/ours. For
+each task: its folder (at the listed commit) is copied out, then the corpus's edits are applied and recorded in the
+task's `adaptations.json`. The wheels the tasks install are downloaded with pip on the host, and the corpus base
+image is built if it is missing.
 
     python bench/corpus/materialise.py [--out .corpus] [--mirror /work/.mirror] [--name X ...] [--rebuild-base]
 
@@ -28,11 +29,18 @@ import tomllib
 HERE = Path(__file__).resolve().parent
 CORPUS_FILE = HERE / "corpus.toml"
 BASE_CONTEXT = HERE / "base"
+OURS_DIR = HERE / "ours"
+OURS = "ours"
+"""The `repo` of the corpus's own tasks: small tasks in the shape of public ones that could not be had here."""
 DEFAULT_OUT = HERE.parent.parent / ".corpus"
 DEFAULT_MIRROR = Path("/work/.mirror")
-DOCKERFILE = "environment/Dockerfile"
+DOCKERFILES = ("environment/Dockerfile", "Dockerfile")
+"""Where Harbor (environment/) and Terminal-Bench 1 (the task's root) keep the task's Dockerfile."""
 AT_LEAST_ONE = -1
-_FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?\S+", re.MULTILINE)
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+                   "any")  # fmt: skip
+"""What the containers' Debian bookworm (glibc 2.36, x86_64) installs."""
+_FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<image>\S+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,9 @@ class Corpus:
     tasks: tuple[CorpusTask, ...] = field(default=())
     host_env: dict[str, str] = field(default_factory=dict)
     """Host variables that tasks' `${VAR}` templates need; run.py sets them where unset."""
+    base_workdirs: dict[str, str] = field(default_factory=dict)
+    """Image-name prefix -> the WORKDIR that base image sets, which the task's Dockerfile relies on: written after
+    the FROM that replaces it."""
 
 
 class MissingSnapshot(Exception):
@@ -72,7 +83,7 @@ def load_corpus(path: Path = CORPUS_FILE) -> Corpus:
     data = tomllib.loads(path.read_text())
     defaults = data["defaults"]
     tasks = tuple(
-        CorpusTask(t["name"], t["repo"], t["commit"], t["path"], tuple(t.get("classes", ())),
+        CorpusTask(t["name"], t["repo"], t.get("commit", ""), t["path"], tuple(t.get("classes", ())),
                    tuple(_edit(e) for e in t.get("edits", ())))
         for t in data["task"]
     )  # fmt: skip
@@ -81,7 +92,8 @@ def load_corpus(path: Path = CORPUS_FILE) -> Corpus:
         raise ValueError(f"{path}: task names repeat: {sorted({n for n in names if names.count(n) > 1})}")
     edits = tuple(_edit(e) for e in defaults.get("edits", ()))
     wheels = tuple(tuple(w) for w in defaults.get("wheels", ()))
-    return Corpus(defaults["base_image"], wheels, edits, tasks, dict(defaults.get("host_env", {})))
+    return Corpus(defaults["base_image"], wheels, edits, tasks, dict(defaults.get("host_env", {})),
+                  dict(defaults.get("base_workdirs", {})))  # fmt: skip
 
 
 def _edit(raw: dict) -> Edit:
@@ -94,7 +106,16 @@ def snapshot_dir(mirror: Path, repo: str) -> Path:
 
 
 def export_task(task: CorpusTask, mirror: Path, dest: Path) -> None:
-    """Copy the task's folder at its commit out of the fetched snapshot into `dest` (emptied first)."""
+    """Copy the task's folder at its commit out of the fetched snapshot (or out of bench/corpus/ours) into `dest`,
+    emptied first."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    if task.repo == OURS:
+        source = OURS_DIR / task.path
+        if not source.is_dir():
+            raise MissingSnapshot(f"{task.name}: no folder {source}")
+        shutil.copytree(source, dest)
+        return
     git_dir = snapshot_dir(mirror, task.repo)
     if not git_dir.is_dir():
         raise MissingSnapshot(f"{task.name}: no snapshot of {task.repo} at {git_dir}; fetch it with the search "
@@ -104,8 +125,6 @@ def export_task(task: CorpusTask, mirror: Path, dest: Path) -> None:
     if has.returncode != 0:
         raise MissingSnapshot(f"{task.name}: the snapshot of {task.repo} lacks commit {task.commit}; fetch a newer "
                               "snapshot, or pin the task to a commit it has")  # fmt: skip
-    if dest.exists():
-        shutil.rmtree(dest)
     dest.mkdir(parents=True)
     archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", task.commit, task.path],
                              capture_output=True, check=True).stdout  # fmt: skip
@@ -123,14 +142,9 @@ def export_task(task: CorpusTask, mirror: Path, dest: Path) -> None:
 
 
 def adapt(task: CorpusTask, corpus: Corpus, folder: Path) -> list[dict]:
-    """Apply the corpus's edits to the task in `folder`; return what was changed, for adaptations.json."""
+    """Apply the corpus's edits to the task in `folder`, then point every FROM at the corpus base; return what was
+    changed, for adaptations.json."""
     applied: list[dict] = []
-    dockerfile = folder / DOCKERFILE
-    if dockerfile.is_file():
-        text = dockerfile.read_text()
-        new, n = _FROM.subn(f"FROM {corpus.base_image}", text)
-        dockerfile.write_text(new)
-        applied.append({"file": DOCKERFILE, "edit": f"every FROM -> {corpus.base_image}", "matches": n})
     for edit in (*corpus.edits, *task.edits):
         target = folder / edit.file
         if not target.is_file():
@@ -146,7 +160,19 @@ def adapt(task: CorpusTask, corpus: Corpus, folder: Path) -> list[dict]:
         if n:
             target.write_text(new)
             applied.append({"file": edit.file, "pattern": edit.pattern, "replace": edit.replace, "matches": n})
+    for name in DOCKERFILES:
+        dockerfile = folder / name
+        if dockerfile.is_file():
+            new, n = _FROM.subn(lambda match: _base_from(corpus, match["image"]), dockerfile.read_text())
+            dockerfile.write_text(new)
+            applied.append({"file": name, "edit": f"every FROM -> {corpus.base_image}", "matches": n})
     return applied
+
+
+def _base_from(corpus: Corpus, image: str) -> str:
+    """The FROM line that replaces one of `image`, and the WORKDIR that image would have set."""
+    workdir = next((w for prefix, w in corpus.base_workdirs.items() if image.startswith(prefix)), None)
+    return f"FROM {corpus.base_image}" + (f"\nWORKDIR {workdir}" if workdir else "")
 
 
 def download_wheels(corpus: Corpus, wheels_dir: Path) -> None:
@@ -155,8 +181,7 @@ def download_wheels(corpus: Corpus, wheels_dir: Path) -> None:
     for group in corpus.wheels:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels_dir), "--only-binary=:all:",
-             "--python-version", "3.11", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-             "--platform", "any", *group],
+             "--python-version", "3.11", *(f"--platform={tag}" for tag in WHEEL_PLATFORMS), *group],
             check=True,
         )  # fmt: skip
 
@@ -181,7 +206,7 @@ def materialise(out: Path, mirror: Path, names: list[str] | None = None, rebuild
     unknown = sorted(set(names or ()) - {t.name for t in corpus.tasks})
     if unknown:
         raise ValueError(f"no corpus task named {', '.join(unknown)}")
-    missing = [t for t in chosen if not snapshot_dir(mirror, t.repo).is_dir()]
+    missing = [t for t in chosen if t.repo != OURS and not snapshot_dir(mirror, t.repo).is_dir()]
     if missing:
         repos = sorted({t.repo for t in missing})
         raise MissingSnapshot("missing snapshots: " + ", ".join(repos) + f" (under {mirror}); fetch each with the "
@@ -197,7 +222,8 @@ def materialise(out: Path, mirror: Path, names: list[str] | None = None, rebuild
                   "classes": list(task.classes), "adaptations": applied}  # fmt: skip
         (folder / "adaptations.json").write_text(json.dumps(record, indent=2) + "\n")
         folders.append(folder)
-        print(f"{task.name}: {task.repo}@{task.commit[:12]}:{task.path} ({len(applied)} edits)", flush=True)
+        where = f"bench/corpus/ours/{task.path}" if task.repo == OURS else f"{task.repo}@{task.commit[:12]}:{task.path}"
+        print(f"{task.name}: {where} ({len(applied)} edits)", flush=True)
     return folders
 
 

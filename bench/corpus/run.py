@@ -6,6 +6,10 @@ run that ends `tampered`, or any run whose grade lists tamper findings, is a fal
 no-op never touch the verifier's runtime. Writes the runs and the table as JSON and markdown.
 
     python bench/corpus/run.py [--tasks .corpus/tasks] [--jobs 2] [--name X ...] [--json F] [--markdown F]
+                               [--checkout PATH]
+
+`--checkout PATH` plays the same materialised tasks with another checkout's terminus_env (its .venv's Python when
+it has one), e.g. a branch with other watch rules; the JSON records which checkout and commit ran.
 """
 
 from __future__ import annotations
@@ -14,23 +18,26 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from materialise import load_corpus  # beside this script
 
-from terminus_env.rollout import NopPolicy, OraclePolicy, RolloutRunner
-from terminus_env.rollout.policy import Policy, Rollout
-from terminus_env.tasks import Task, load_task
-from terminus_env.tasks.task import task_image
+if TYPE_CHECKING:
+    from terminus_env.tasks import Task
 
 HERE = Path(__file__).resolve().parent
+CHECKOUT_ENV = "TERMINUS_CORPUS_CHECKOUT"
+"""Set when run.py re-runs itself under another checkout's interpreter: that checkout's path."""
 DEFAULT_TASKS = HERE.parent.parent / ".corpus" / "tasks"
 RUNS = (("train-oracle-1", "train", "oracle"), ("train-oracle-2", "train", "oracle"), ("train-nop", "train", "nop"),
         ("eval-oracle", "eval", "oracle"))  # fmt: skip
 EXPECTED = {"oracle": 1.0, "nop": 0.0}
+FIRST_PATHS = 3
 
 
 @dataclass
@@ -57,6 +64,9 @@ class RunRecord:
 
 
 async def run_task(task: Task, image_ok: str | None) -> list[RunRecord]:
+    from terminus_env.rollout import NopPolicy, OraclePolicy, RolloutRunner
+    from terminus_env.rollout.policy import Policy, Rollout
+
     records = []
     for run, mode, kind in RUNS:
         if image_ok is not None:
@@ -84,6 +94,9 @@ async def run_task(task: Task, image_ok: str | None) -> list[RunRecord]:
 
 
 async def run_corpus(folders: list[Path], jobs: int) -> list[RunRecord]:
+    from terminus_env.tasks import load_task
+    from terminus_env.tasks.task import task_image
+
     semaphore = asyncio.Semaphore(jobs)
 
     async def one(folder: Path) -> list[RunRecord]:
@@ -111,12 +124,20 @@ def classes_of(folder: Path) -> list[str]:
     return json.loads(record.read_text()).get("classes", []) if record.is_file() else []
 
 
-def markdown(records: list[RunRecord], classes: dict[str, list[str]], load: tuple[float, ...]) -> str:
-    lines = [f"Load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", ""]
-    lines += ["## False flags", "", "| task | run | finding kind | path |", "| --- | --- | --- | --- |"]
+def markdown(records: list[RunRecord], classes: dict[str, list[str]], load: tuple[float, ...],
+             checkout: dict[str, str | None]) -> str:  # fmt: skip
+    commit = (checkout["commit"] or "no commit")[:12] + (" (modified)" if checkout["modified"] else "")
+    lines = [f"terminus_env of {checkout['folder']} at {commit}; load average at the end: "
+             f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", ""]  # fmt: skip
+    lines += ["## False flags", "", "One row per flagged run and kind: how many files, and the first few.", "",
+              "| task | run | kind | files | first paths |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in records:
+        by_kind: dict[str, list[str]] = {}
         for finding in r.tampering:
-            lines.append(f"| {r.task} | {r.run} | {finding['kind']} | `{finding['path']}` |")
+            by_kind.setdefault(finding["kind"], []).append(finding["path"])
+        for kind, paths in sorted(by_kind.items()):
+            shown = ", ".join(f"`{path}`" for path in paths[:FIRST_PATHS])
+            lines.append(f"| {r.task} | {r.run} | {kind} | {len(paths)} | {shown} |")
     lines += ["", "## Every run", "",
               "| task | classes | train oracle 1 | train oracle 2 | train no-op | eval oracle |",
               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -160,6 +181,31 @@ def summary_counts(records: list[RunRecord]) -> dict[str, object]:
     }
 
 
+def run_under(checkout: Path, argv: list[str]) -> int:
+    """Run this script again with `checkout`'s terminus_env first on the import path (and its .venv's Python)."""
+    checkout = checkout.resolve()
+    if not (checkout / "terminus_env" / "__init__.py").is_file():
+        print(f"error: {checkout} is no checkout of terminus-env (no terminus_env/ package there)", file=sys.stderr)
+        return 2
+    python = checkout / ".venv" / "bin" / "python"
+    interpreter = str(python) if python.is_file() else sys.executable
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])))
+    env[CHECKOUT_ENV] = str(checkout)
+    return subprocess.run([interpreter, str(Path(__file__).resolve()), *argv], env=env, check=False).returncode
+
+
+def checkout_record() -> dict[str, str | None]:
+    """Which terminus_env played the corpus: its folder and, where it is a git checkout, its commit."""
+    import terminus_env
+
+    folder = Path(terminus_env.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    commit = head.stdout.strip() or None
+    return {"folder": str(folder), "commit": commit, "modified": bool(dirty.stdout.strip()) if commit else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=Path, default=DEFAULT_TASKS, help="materialised tasks (default .corpus/tasks)")
@@ -167,7 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", action="append", help="only this task (repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="write the runs here (default: beside the tasks)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here (default: beside them)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=None,
+        help="play them with this checkout's terminus_env (default: the one installed here)",
+    )
+    raw = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(raw)
+    if args.checkout is not None and os.environ.get(CHECKOUT_ENV) != str(args.checkout.resolve()):
+        return run_under(args.checkout, raw)
     if not args.tasks.is_dir():
         print(f"error: no materialised corpus at {args.tasks}: run `make corpus-tasks` first", file=sys.stderr)
         return 2
@@ -175,18 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in load_corpus().host_env.items():  # what task.toml templates ask of the host
         os.environ.setdefault(name, value)
     started = time.monotonic()
-    print(f"{len(folders)} tasks, {len(RUNS)} runs each, {args.jobs} at once (load {os.getloadavg()[0]:.1f})")
+    checkout = checkout_record()
+    print(f"{len(folders)} tasks, {len(RUNS)} runs each, {args.jobs} at once, terminus_env of {checkout['folder']} "
+          f"at {(checkout['commit'] or 'no commit')[:12]}{' (modified)' if checkout['modified'] else ''} "
+          f"(load {os.getloadavg()[0]:.1f})")  # fmt: skip
     records = asyncio.run(run_corpus(folders, args.jobs))
     load = os.getloadavg()
     classes = {f.name: classes_of(f) for f in folders}
     counts = summary_counts(records)
     out_json = args.json or args.tasks.parent / "corpus-runs.json"
     out_md = args.markdown or args.tasks.parent / "corpus-runs.md"
-    out_json.write_text(json.dumps({"load": load, "elapsed_s": round(time.monotonic() - started),
+    out_json.write_text(json.dumps({"checkout": checkout, "load": load, "elapsed_s": round(time.monotonic() - started),
                                     "summary": counts, "classes": classes,
                                     "runs": [asdict(r) | {"false_flag": r.false_flag} for r in records]},
                                    indent=2) + "\n")  # fmt: skip
-    out_md.write_text(markdown(records, classes, load))
+    out_md.write_text(markdown(records, classes, load, checkout))
     print(json.dumps(counts, indent=2))
     print(f"wrote {out_json} and {out_md} ({time.monotonic() - started:.0f}s, load {load[0]:.1f})")
     return 0
