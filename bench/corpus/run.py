@@ -229,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     folders = sorted(p for p in args.tasks.iterdir() if p.is_dir() and (not args.name or p.name in args.name))
     for name, value in load_corpus().host_env.items():  # what task.toml templates ask of the host
         os.environ.setdefault(name, value)
+    try:
+        from terminus_env.rollout import NopPolicy, OraclePolicy, RolloutRunner  # noqa: F401
+    except ImportError as exc:
+        print(f"error: this terminus_env cannot play the corpus ({exc}): it needs the rollout runner and the oracle "
+              "and no-op policies of a checkout that has bench/corpus", file=sys.stderr)  # fmt: skip
+        return 2
     started = time.monotonic()
     checkout = checkout_record()
     print(f"{len(folders)} tasks, {len(RUNS)} runs each, {args.jobs} at once, terminus_env of {checkout['folder']} "
