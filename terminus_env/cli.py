@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = sub.add_parser("tasks", help="inspect and validate task suites")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
-    check = tasks_sub.add_parser("check", help="oracle earns 1 and doing nothing earns 0, for every task")
+    check = tasks_sub.add_parser("check", help="oracle earns 1, doing nothing 0 (also in train mode), every task")
     check.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
     check.add_argument("--name", action="append", help="check only this task (repeatable)")

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import shlex
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,20 @@ class OraclePolicy:
         return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
 
 
+class NopPolicy:
+    """Declares the task done at once, without a command: the episode a validity check expects to earn 0."""
+
+    def __init__(self, command_duration: float = 60.0) -> None:
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration)))
+
+
 class FlakyOraclePolicy:
     """A scripted policy that solves some tasks sometimes, so eval statistics have something to show.
 
@@ -152,7 +167,7 @@ class FlakyOraclePolicy:
             turn -= 1
         if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
             return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
-        return PolicyOutput(reply=Reply(text=_reply("", self._duration, complete=True, plan="Give up.")))
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration, plan="Give up.")))
 
 
 def request_seed(base: int, rollout_id: str, turn: int) -> int:
@@ -190,22 +205,50 @@ def oracle_reply(task: Task, turn: int, duration: float = 60.0) -> str:
     return _reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
 
 
+def nop_reply(duration: float = 60.0, plan: str = "Declare the task done without doing anything.") -> str:
+    """No command, and the task declared done (each turn, so a confirmation is answered the same way)."""
+    return _reply("", duration, complete=True, plan=plan)
+
+
 def _turn(messages: list[dict[str, str]]) -> int:
     return sum(1 for m in messages if m.get("role") == "assistant")
 
 
 def _install_and_run(task: Task) -> str:
     """The solution folder travels as one base64 line: a heredoc typed into an interactive shell
-    would trigger tab completion on the tabs of a Makefile."""
+    would trigger tab completion on the tabs of a Makefile. It goes to /solution, where Harbor puts it,
+    or to a fresh temporary folder when the agent's user cannot write there (``[agent] user``)."""
     if task.solution_path is None or not task.solution_path.exists():
         return "echo 'this task ships no solution'\n"
     whole_folder = task.source_format == "harbor"  # Harbor copies solution/ whole; TB1 has one script
     payload = base64.b64encode(_tar_gz(task.solution_path.parent if whole_folder else task.solution_path)).decode()
     script = task.solution_path.name
     return (
-        f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
-        f" && bash /solution/{script}\n"
+        "S=/solution; { mkdir -p $S && test -w $S; } 2>/dev/null || S=$(mktemp -d);"
+        f" echo {payload} | base64 -d | tar -xz -C $S && {_env_prefix(task.solution_env)}bash $S/{script}\n"
     )
+
+
+def _env_prefix(variables: Mapping[str, str]) -> str:
+    """``env NAME=value ...`` for the task's ``[solution.env]``, which solve.sh gets as Harbor's oracle gives it.
+    A value that is not one printable line is quoted as bash's ``$'...'``: typed raw, a newline ends the command."""
+    if not variables:
+        return ""
+    words = []
+    for name, value in variables.items():
+        if value.isprintable():
+            words.append(shlex.quote(f"{name}={value}"))
+        else:
+            words.append(shlex.quote(f"{name}=") + "$'" + "".join(map(_ansi_c, value)) + "'")
+    return "env " + " ".join(words) + " "
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return "".join(f"\\x{byte:02x}" for byte in char.encode())  # bytes, whatever the shell's locale
 
 
 def _tar_gz(path: Path) -> bytes:

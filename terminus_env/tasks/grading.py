@@ -161,26 +161,35 @@ def parse_reward_txt(data: bytes) -> tuple[float, str | None]:
 
 
 def parse_reward_json(data: bytes) -> tuple[float, str | None]:
-    """reward.json is a dict of numbers: its `reward` key, else the mean of its values; each in [0, 1]."""
+    """reward.json is an object: its `reward` key, a finite number in [0, 1], whatever else the file holds beside it
+    (counters such as ``"passed": 7``, as Harbor's verifiers write); without one, the mean of its values, each a
+    number in [0, 1]."""
     try:
-        values = json.loads(data, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+        values = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return 0.0, f"{REWARD_JSON} is not valid JSON: {exc}"
     if not isinstance(values, dict) or not values:
         return 0.0, f"{REWARD_JSON} must be a non-empty object of numbers, not {data[:100]!r}"
-    numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(numbers) != len(values) or not all(math.isfinite(v) for v in numbers):
-        return 0.0, f"{REWARD_JSON} holds values that are not finite numbers: {data[:100]!r}"
+    if "reward" in values:
+        reward = values["reward"]
+        if not _finite_number(reward):
+            return 0.0, f"{REWARD_JSON}'s reward is not a finite number: {str(reward)[:100]!r}"
+        return _in_range(float(reward), f"{REWARD_JSON}'s reward")
+    if not all(_finite_number(v) for v in values.values()):
+        return 0.0, f"{REWARD_JSON} has no reward key and holds values that are not finite numbers: {data[:100]!r}"
     for name, value in values.items():
         if not 0.0 <= value <= 1.0:
             return 0.0, f"{REWARD_JSON} value {name!r} is {value}, outside [0, 1]: counted as 0"
-    if "reward" in values:
-        return float(values["reward"]), None
-    return sum(numbers) / len(numbers), None
+    return sum(values.values()) / len(values), None
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number")
+def _finite_number(value: object) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _in_range(reward: float, where: str) -> tuple[float, str | None]:
