@@ -15,7 +15,7 @@ from sandbox_support import containers_of_pid
 from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.evaluate import build_report, print_report
+from terminus_env.rollout.report import build_report, print_report
 from terminus_env.rollout.run_log import TaskStage, read_run
 from terminus_env.sandbox.images import prune_task_images
 

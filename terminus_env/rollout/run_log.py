@@ -53,6 +53,13 @@ class RunConfig:
     strict: bool
     max_turns: int | None
     max_turn_tokens: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """The sampling parameters sent with every request (none: the server's defaults, as Harbor 0.26 sends none)."""
+    summarize: bool = False
+    """Context summarization (lenient evaluation); runs written before it existed did not summarize."""
+    summarize_threshold: int = 8000
+    context_window: int | None = None
+    """The model's context in tokens, as the server reported it (or ``--context-window``); None when unknown."""
 
     def differences(self, other: RunConfig) -> list[str]:
         """Human-readable ``name: ours vs theirs`` for every option that differs."""
