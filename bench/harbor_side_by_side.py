@@ -98,13 +98,44 @@ def prepare_suite(names: Sequence[str], dest: Path) -> Path:
     return dest
 
 
+class Cl100kChat:
+    """The replica's tokenizer: tiktoken's cl100k_base with OpenAI's chat framing (3 tokens per message and 3 to
+    open the reply), which is how LiteLLM counts a conversation for a model it does not know. So the replica counts
+    tokens as Harbor's Terminus 2 estimates them, and both harnesses see the context fill at the same turn."""
+
+    end_of_turn = ("<|im_end|>", 100265)
+    _START, _SEP = 100264, 100266
+
+    def __init__(self) -> None:
+        from litellm.litellm_core_utils.default_encoding import encoding  # LiteLLM's own, bundled (offline)
+
+        self._encoding = encoding
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        ids: list[int] = []
+        for message in messages:
+            content = message.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            ids += [self._START, *self._encode(str(message.get("role", ""))), self._SEP, *self._encode(text),
+                    self.end_of_turn[1]]  # fmt: skip
+        return [*ids, self._START, *self._encode("assistant"), self._SEP]
+
+    def reply(self, text: str) -> list[tuple[str, int]]:
+        ids = self._encode(text)
+        pieces = [self._encoding.decode_single_token_bytes(i) for i in ids]
+        return [(piece.decode("utf-8", "replace"), i) for piece, i in zip(pieces, ids, strict=True)]
+
+    def _encode(self, text: str) -> list[int]:
+        return self._encoding.encode(text, disallowed_special=())
+
+
 @contextlib.asynccontextmanager
 async def served_policy(suite: Path, probes: dict[str, int]) -> AsyncIterator[str]:
     """A fresh simulated replica serving the flaky oracle for the suite's tasks; yields its URL."""
     tasks = [load_task(path) for path in sorted(suite.iterdir()) if path.is_dir()]
     replies = FlakyOracleReplies(tasks, SEED, probes=probes)
     config = ServerConfig(model=MODEL, time_scale=0.0, engine=SimConfig(max_model_len=CONTEXT))
-    async with SimServer(config, replies) as server:
+    async with SimServer(config, replies, tokenizer=Cl100kChat()) as server:
         yield server.url
 
 
