@@ -44,7 +44,7 @@ from terminus_env.rollout.run_log import (
     read_run,
 )
 from terminus_env.rollout.runner import RolloutRunner
-from terminus_env.rollout.summarize import SummarizeConfig
+from terminus_env.rollout.summarize import SummarizeConfig, effective_threshold
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.sandbox import SandboxError
 from terminus_env.tasks import Task, TaskError, load_task, task_image
@@ -113,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"eval: {len(paths)} tasks × {config.trials} trials ({config.policy}); each rollout is saved to {path} "
           f"and, in Harbor's job layout, to {job.path}" + (f"; {already} already there" if already else ""),
           flush=True)  # fmt: skip
+    print(f"eval: {_settings(config)}", flush=True)
     progress = Progress(Tally(total=total, done=already))
     started = time.monotonic()
     try:
@@ -165,6 +166,22 @@ def _finish_job(job: HarborJob, path: Path, paths: Sequence[Path], *, finished: 
     for problem in job.finish(contents, report, finished=finished):
         print(f"Harbor job {job.path}: not written: {problem}; rerun with --resume to write it", file=sys.stderr)
     return report
+
+
+def _settings(config: RunConfig) -> str:
+    """What the run sends and when it summarizes, in a line."""
+    turns = "no turn cap" if config.max_turns is None else f"at most {config.max_turns} turns"
+    sampling = ", ".join(f"{k}={v}" for k, v in config.sampling.items()) or "the server's default sampling"
+    window = config.context_window
+    if not config.summarize:
+        summary = "no summarization (a full context ends the episode)"
+    elif window is None or config.summarize_threshold == 0:
+        summary = "summarization when the server refuses a request for its length"
+    else:
+        summary = (f"summarization under {effective_threshold(config.summarize_threshold, window)} free tokens of "
+                   f"{window}, or when the server refuses a request")  # fmt: skip
+    mode = "strict" if config.strict else "lenient"
+    return f"{mode}, {turns}, {sampling}, {summary}"
 
 
 def _check_limits(args: argparse.Namespace) -> str | None:
