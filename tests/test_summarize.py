@@ -56,6 +56,7 @@ def test_a_reactive_summary_drops_the_latest_exchanges_until_enough_is_free() ->
     assert unwind_point(turns, 1, 5100, 4000) == 1 + 1  # only the first reply fits
     assert unwind_point(turns, 1, 4000, 4000) == 1  # nothing fits: the first message alone
     assert unwind_point(turns, 4, 100000, 4000) == 4 + 2 * 3 + 1  # all fits: everything but the last observation
+    assert unwind_point(turns, 4, 4000, 4000) == 1  # after a summary too: the task's message alone, not the summary
     assert unwind_point(turns, 1, None, 4000) == 1 + 2 * 3 + 1  # unknown context: nothing dropped, as Terminus 2
 
 

@@ -90,8 +90,7 @@ class RolloutRunner:
                 await summarizer.before_turn(env, rollout, trajectory)
             out = await self._policy.act(rollout, env.messages)
             if out.reply.finish_reason == "context_length" and summarizer is not None:
-                if await summarizer.after_overflow(env, rollout, trajectory):
-                    out = await self._policy.act(rollout, env.messages)  # once: a second refusal ends the episode
+                out = await summarizer.after_overflow(env, rollout, trajectory, out)
             replied = since_start()
             _, _, terminated, truncated, info = await env.astep(out.reply)
             trajectory.turns.append(

@@ -8,7 +8,8 @@ the summary, the questions, and the answers. It does so
 - **proactively**, before a turn, when fewer than ``threshold`` tokens (default 8,000) stay free;
 - **reactively**, when the server refuses a request for its length: the latest exchanges are first dropped until
   4,000 tokens are free, and when the three requests fail, a short summary, then the task and the screen's last
-  1,000 characters, carry on instead.
+  1,000 characters, carry on instead. Should the server refuse the new conversation too, the task and the screen's
+  end alone carry on (where Terminus 2 answers itself "technical difficulties" and goes on).
 
 Training never summarizes: the env refuses (:meth:`TerminusEnv.compact`), and a conversation that no longer fits
 ends the episode (``context_limit``, reward 0). The rules (when, how far back) are pure functions here; the
@@ -86,16 +87,16 @@ def used_tokens(turns: Sequence[TurnRecord]) -> int | None:
 
 def unwind_point(turns: Sequence[TurnRecord], seed_length: int, window: int | None, target_free: int) -> int:
     """How many messages of the conversation a reactive summary keeps: whole exchanges, the latest dropped until
-    ``target_free`` tokens are free (Terminus 2's unwinding). The conversation is ``seed_length`` messages, then each
-    turn's reply and observation; its start (the task, or the summary it carries on from) is always kept."""
-    keep = seed_length + 2 * len(turns) - 1  # everything but the observation the model has not answered
+    ``target_free`` tokens are free (Terminus 2's unwinding). The conversation is ``seed_length`` messages (the task's,
+    or those a summary started it with), then each turn's reply and observation. When no exchange leaves enough free,
+    only the task's first message stays, as Terminus 2 unwinds down to it."""
     if window is None or not turns:
-        return max(keep, seed_length)
+        return max(seed_length + 2 * len(turns) - 1, seed_length)  # all but the unanswered observation
     for index in range(len(turns) - 1, -1, -1):
         used = used_tokens(turns[: index + 1])
         if used is not None and window - used >= target_free:
             return seed_length + 2 * index + 1
-    return seed_length
+    return 1
 
 
 # --- the requests ----------------------------------------------------------------------------------------------
@@ -117,16 +118,28 @@ class Summarizer:
         if free is not None:
             trajectory.compactions.append(await self._summarize(env, rollout, trajectory, "proactive", free))
 
-    async def after_overflow(self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory) -> bool:
-        """The server refused the request for its length: summarize, falling back as Terminus 2 does. Returns
-        whether the conversation was replaced (always, once enabled in lenient evaluation)."""
+    async def after_overflow(
+        self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory, refused: PolicyOutput
+    ) -> PolicyOutput:
+        """The server refused the request for its length: summarize (falling back as Terminus 2 does) and ask again.
+        If the new conversation is refused too, it is replaced by the task and the screen's end alone, and asked once
+        more; the reply to the last request (a refusal ends the episode: ``context_limit``)."""
         if not (self.config.enabled and env.summarizes):
-            return False
-        turns = segment_turns(trajectory)
-        used = used_tokens(turns)
-        free = None if self.config.context_window is None or used is None else self.config.context_window - used
+            return refused
+        used = used_tokens(segment_turns(trajectory))
+        window = self.config.context_window
+        free = None if window is None or used is None else window - used
         trajectory.compactions.append(await self._summarize(env, rollout, trajectory, "reactive", free))
-        return True
+        out = await self._policy.act(rollout, env.messages)
+        if out.reply.finish_reason != "context_length":
+            return out
+        messages = env.messages
+        tail = (await env.ascreen())[-SCREEN_TAIL_CHARS:]
+        seed = [messages[0], _user(prompts.screen_handoff(rollout.task.instruction, tail))]
+        replaced = env.compact(seed)
+        trajectory.compactions.append(Compaction(turn=len(trajectory.turns), trigger="reactive", outcome="screen",
+                                                 kept=1, replaced=replaced, seed=seed, at_s=self._clock()))  # fmt: skip
+        return await self._policy.act(rollout, env.messages)
 
     async def _summarize(
         self, env: TerminusEnv, rollout: Rollout, trajectory: Trajectory, trigger: str, free: int | None
