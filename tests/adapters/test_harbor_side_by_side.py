@@ -51,7 +51,7 @@ def test_the_same_policy_scores_the_same_under_both_harnesses(results: tuple[Pat
 
 def test_an_overflowing_conversation_is_summarized_and_carries_on_in_both(results: tuple[Path, dict[str, Any]]) -> None:
     out, document = results
-    for label in ("defaults", "reactive"):
+    for label in ("defaults", "proactive off"):
         run = document[label]
         for side in ("harbor", "ours"):
             overflow = [t for t in run[side] if t["task"] == bench.OVERFLOW_TASK]
