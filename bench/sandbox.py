@@ -1,6 +1,7 @@
 """Sandbox speed, side by side with a Terminus-style baseline measured in the same run.
 
 Usage: .venv/bin/python bench/sandbox.py [--concurrency 32] [--commands 20]
+       .venv/bin/python bench/sandbox.py --compare CHECKOUT [--rounds 6] [--starts 5] [--steps 40]
 
 1. Terminal steps on ONE container: our control channel against the baseline Terminal-Bench and
    Harbor use (a `docker exec` per tmux operation, then a sleep for the full duration).
@@ -9,12 +10,18 @@ Usage: .venv/bin/python bench/sandbox.py [--concurrency 32] [--commands 20]
    SIGKILLed halfway, the reaper runs, and the containers left are counted.
 4. Grading: a pytest verifier run by the daemon (fresh private folders, its own PID namespace, the watch of what
    it ran, the tamper rules) against Harbor's way on the same container (copy the tests in, one `docker exec`).
+
+With --compare, only cold starts and steps, of this checkout's terminus_env against another checkout's (e.g. the
+main branch's), each imported in a process of its own, the two taken in turn (the order swapped each round): a
+process's first start apart (it makes the in-container code's variables), then --starts cold starts and --steps
+`echo hi` steps on one sandbox.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -226,14 +233,100 @@ async def child(count: int) -> None:
     await asyncio.gather(*(sandbox.terminal.send("sleep 600\n", 60) for sandbox in sandboxes))
 
 
+async def rate(starts: int, steps: int) -> None:
+    """One side of --compare: print, as JSON, this process's first start, its next cold starts, its steps and its
+    gradings of a pytest verifier."""
+    client = docker.from_env()
+    first = time.perf_counter()
+    sandbox = await Sandbox.start(SPEC, client=client)
+    first = time.perf_counter() - first
+    await sandbox.close()
+    cold = []
+    for _ in range(starts):
+        started = time.perf_counter()
+        sandbox = await Sandbox.start(SPEC, client=client)
+        cold.append(time.perf_counter() - started)
+        await sandbox.close()
+    sandbox = await Sandbox.start(SPEC, client=client)
+    try:
+        await sandbox.terminal.capture_new()
+        stepped = await timed(lambda: sandbox.terminal.step([("echo hi\n", 1.0)]), steps)
+        await sandbox.exec("mkdir -p /app && echo hello > /app/hello.txt", 10)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "test.sh").write_text(VERIFIER)
+            (Path(tmp) / "test_outputs.py").write_text(TESTS)
+            archive = tar_dir(Path(tmp), ".")
+
+        async def grade() -> None:
+            run = await sandbox.verify(archive, "TESTS=/tests bash /tests/test.sh > /dev/null 2>&1", 60, user="root",
+                                       read=["/logs/verifier/reward.txt"])  # fmt: skip
+            assert run.files["/logs/verifier/reward.txt"] == b"1\n" and not run.tampering, run
+
+        graded = await timed(grade, max(3, steps // 8))
+    finally:
+        await sandbox.close()
+    import terminus_env
+
+    print(json.dumps({"first": first, "cold": cold, "steps": stepped, "grades": graded,
+                      "package": terminus_env.__file__}))  # fmt: skip
+
+
+def compare(other: Path, rounds: int, starts: int, steps: int) -> None:
+    """This checkout's cold starts and steps against ``other``'s, in turn, in processes of their own."""
+    sides = {"this checkout": Path(__file__).resolve().parent.parent, "other": other.resolve()}
+    found: dict[str, dict[str, list[float]]] = {name: {"first": [], "cold": [], "steps": [], "grades": []}
+                                                for name in sides}  # fmt: skip
+    print(f"Cold starts, steps and gradings (ms), {rounds} rounds in turn: this checkout against {sides['other']}")
+    print(f"  {'round':<6} {'side':<14} {'first start':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9} "
+          f"{'grade p50':>9}   load")  # fmt: skip
+    for index in range(rounds):
+        order = list(sides) if index % 2 == 0 else list(reversed(sides))
+        for name in order:
+            env = {**os.environ, "PYTHONPATH": str(sides[name])}
+            argv = [sys.executable, __file__, "--rate", str(starts), "--steps", str(steps)]
+            out = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout)
+            if not out["package"].startswith(str(sides[name])):
+                raise RuntimeError(f"{name} imported terminus_env from {out['package']}, not from {sides[name]}")
+            for key in found[name]:
+                found[name][key] += out[key] if isinstance(out[key], list) else [out[key]]
+            print(f"  {index + 1:<6} {name:<14} {figures(out['first'], out['cold'], out['steps'], out['grades'])}   "
+                  f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"  {'all':<6} {'side':<14} {'first p50':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9} "
+          f"{'grade p50':>9}")  # fmt: skip
+    for name, values in found.items():
+        first = statistics.median(values["first"])
+        print(f"  {'':<6} {name:<14} {figures(first, values['cold'], values['steps'], values['grades'])}")
+
+
+def figures(first: float, cold: list[float], steps: list[float], grades: list[float]) -> str:
+    """A process's first start, then the p50 of the cold starts, the p50 and p90 of the steps, the p50 of the
+    gradings, in ms."""
+    ordered = sorted(steps)
+    cells = (first, statistics.median(cold), statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))],
+             statistics.median(grades))  # fmt: skip
+    return (f"{cells[0] * 1000:11.1f} {cells[1] * 1000:9.1f} {cells[2] * 1000:9.2f} {cells[3] * 1000:9.2f} "
+            f"{cells[4] * 1000:9.1f}")  # fmt: skip
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--commands", type=int, default=20)
+    parser.add_argument("--compare", type=Path, help="another checkout: rate its cold starts and steps beside ours")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         await child(args.child)
+        return
+    if args.rate is not None:
+        await rate(args.rate, args.steps)
+        return
+    if args.compare is not None:
+        await asyncio.to_thread(compare, args.compare, args.rounds, args.starts, args.steps)
         return
     client = docker.from_env()
     await terminal_steps(client)

@@ -13,8 +13,7 @@ import mkdocs_gen_files
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "terminus_env"
 NOTES = ROOT / "docs" / "notes"
-# The coordinator's note on the sandbox's security model (issue 9) is the guide's security page once it exists.
-SECURITY_NOTE = "notes/security.md"
+SECURITY_NOTE = "notes/security.md"  # a design note that is also a guide page
 GUIDE = (
     ("Home", "index.md"),
     ("Getting started", "getting-started.md"),
@@ -24,13 +23,11 @@ GUIDE = (
     ("Evaluation", "evaluation.md"),
     ("RL integrations", "integrations.md"),
     ("Serving and routing", "serving.md"),
+    ("The sandbox", "sandbox.md"),
+    ("The sandbox's security model", SECURITY_NOTE),
+    ("Benchmarks", "benchmarks.md"),
+    ("Working on terminus-env", "development.md"),
 )
-# Stands in for the note, at the note's own address, until the note is in the checkout.
-SECURITY_PLACEHOLDER = """# The sandbox's security model
-
-The full security model is the design note `docs/notes/security.md`, which this checkout does not have yet.
-Until it lands, [the sandbox notes](sandbox.md) describe how every container is hardened and cleaned up.
-"""
 
 
 def modules() -> list[tuple[tuple[str, ...], bool]]:
@@ -63,10 +60,6 @@ def note_title(note: Path) -> str:
 
 def navigation() -> list[str]:
     lines = [f"* [{title}]({page})" for title, page in GUIDE]
-    if not (ROOT / "docs" / SECURITY_NOTE).is_file():
-        with mkdocs_gen_files.open(SECURITY_NOTE, "w") as page:
-            page.write(SECURITY_PLACEHOLDER)
-    lines.append(f"* [The sandbox's security model]({SECURITY_NOTE})")
     lines.append("* Design notes")
     for note in sorted(NOTES.glob("*.md")):
         if f"notes/{note.name}" != SECURITY_NOTE:

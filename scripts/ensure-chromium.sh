@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure a headless browser is there for the page tests (tests/test_view_browser.py): Debian's chromium. As root
+# Make sure a headless browser is there for the page tests (tests/test_view.py): Debian's chromium. As root
 # on Debian/Ubuntu, install it when missing; otherwise say what to do. Idempotent; prints the browser's path.
 set -euo pipefail
 

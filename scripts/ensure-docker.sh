@@ -13,9 +13,19 @@ engine_answers() { docker info >/dev/null 2>&1; }
 raise_limit() { [ -w "$1" ] && [ "$(cat "$1")" -lt "$2" ] && echo "$2" > "$1" || true; }
 
 if [ "$(id -u)" = 0 ] && ! $install_only; then
-    # Each running verifier holds two fanotify groups of the host's root user (docs/notes/security.md): the
-    # kernel's default of 128 would hold back verifiers beyond 64 at once.
+    # Each running verifier holds three fanotify groups of the host's root user (docs/notes/security.md): the
+    # kernel's default of 128 would hold back verifiers beyond 42 at once.
     raise_limit /proc/sys/fs/fanotify/max_user_groups 8192
+    # Every container's root is the host's: the kernel's per-user counts of inotify instances and watches and of
+    # epoll watches, and the host's count of open files, are shared by every sandbox and the host. Raised past what
+    # any sandbox's memory limit lets it allocate (each is charged to its memory: about 1 KiB an inotify instance,
+    # 130 bytes a watch, 260 bytes an epoll watch), so no sandbox can use them up for the others.
+    raise_limit /proc/sys/fs/inotify/max_user_instances 2147483647
+    raise_limit /proc/sys/fs/inotify/max_user_watches 2147483647
+    raise_limit /proc/sys/fs/epoll/max_user_watches 4294967295
+    raise_limit /proc/sys/fs/file-max 9223372036854775807
+    # Terminals: each sandbox may hold 256 (the daemon caps its devpts); room for 1,000 sandboxes.
+    raise_limit /proc/sys/kernel/pty/max 262144
 fi
 
 if ! $install_only && engine_answers; then

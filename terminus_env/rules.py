@@ -2,8 +2,8 @@
 
 The env does the I/O (the terminal, grading) around two calls: :func:`judge_reply` before anything runs, and
 :func:`judge_after_commands` once the turn's commands ran. Both take the counters so far and return new ones,
-so every rule here is unit-tested without Docker, and the README's table of end reasons is generated from
-:class:`EndReason` (:func:`end_reason_table`) and checked against it.
+so every rule here is unit-tested without Docker, and the table of end reasons in the README and the docs is
+generated from :class:`EndReason` (:func:`end_reason_table`) and checked against it.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
     ),
     EndReason.TAMPERED: (
         False, False, Fault.AGENT,
-        "train (by default): the verifier ran something the agent changed in the verifier's own runtime (its "
-        "interpreters, libraries, test runner and their configuration; `info['episode']['tampering']`)",
+        "train (by default): the verdict was the agent's, not the verifier's: code the agent provided ran before the "
+        "tests began or in the verifier's runtime, or the agent's program wrote the reward "
+        "(`info['episode']['tampering']`)",
     ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
@@ -95,7 +96,7 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
 
 
 def end_reason_table() -> str:
-    """The README's table of end reasons, from the rules themselves."""
+    """The table of end reasons the README and docs/environment.md show, from the rules themselves."""
     rows = ["| `end_reason` | what happened | graded | `truncated` | whose fault | masked |", "| --- " * 6 + "|"]
     for reason in EndReason:
         yes = {True: "yes", False: "no, reward 0"}

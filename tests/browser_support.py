@@ -9,6 +9,7 @@ it) and save a screenshot of the whole page.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from terminus_env.config import REQUIRE_BROWSER, env_flag
+from terminus_env.process_group import end_group
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -32,6 +34,8 @@ FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 WIDTH = 1280
+CLOSE_WAIT_S = 30.0  # for Chromium to close when asked (it flushes its profile first)
+KILL_WAIT_S = 30.0  # for every process it started to be gone once killed
 
 
 def chromium_path() -> str:
@@ -46,10 +50,18 @@ def chromium_path() -> str:
 
 
 class Browser:
-    """One Chromium process with one page; use as a context manager."""
+    """One Chromium process with one page; use as a context manager.
+
+    Everything it writes lies in one folder of its own: the profile, and its temporary files (``TMPDIR``), which
+    a killed Chromium would otherwise leave in /tmp. Its processes form a session of their own, so that closing it
+    can wait for every one of them (the network, storage and GPU processes write into the profile too) before the
+    folder is removed."""
 
     def __init__(self, executable: str) -> None:
-        self._profile = tempfile.TemporaryDirectory(prefix="terminus-chromium-")  # an empty --user-data-dir
+        self._root = Path(tempfile.mkdtemp(prefix="terminus-chromium-"))
+        profile, scratch = self._root / "profile", self._root / "tmp"
+        profile.mkdir()
+        scratch.mkdir()
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
 
@@ -59,29 +71,52 @@ class Browser:
             os.dup2(high_read, 3)
             os.dup2(high_write, 4)
 
-        self._process = subprocess.Popen(
-            [executable, *FLAGS, f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
-             f"--window-size={WIDTH},900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=False, preexec_fn=give_pipes,
-        )  # fmt: skip
+        try:
+            self._process = subprocess.Popen(
+                [executable, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
+                 f"--window-size={WIDTH},900", "about:blank"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=False, preexec_fn=give_pipes,
+                start_new_session=True, env={**os.environ, "TMPDIR": str(scratch)},
+            )  # fmt: skip
+        except BaseException:
+            for fd in (to_browser_read, self._to_browser, self._from_browser, from_browser_write):
+                os.close(fd)
+            shutil.rmtree(self._root)
+            raise
         os.close(to_browser_read)
         os.close(from_browser_write)
         self._buffer = b""
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        self.call("Page.enable", session=True)
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            self.call("Page.enable", session=True)
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._process.kill()
-        self._process.wait(timeout=30)
+        self.close()
+
+    def close(self) -> None:
+        """Ask Chromium to close, make sure none of its processes is left, and only then remove its folder."""
+        if self._process.poll() is None:
+            with contextlib.suppress(OSError):  # a browser that already closed its pipe is killed below
+                self._send({"id": self._next_id + 1, "method": "Browser.close", "params": {}})
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=CLOSE_WAIT_S)
+        left = end_group(self._process.pid, KILL_WAIT_S)  # helpers still flushing, or a browser that did not close
+        self._process.wait()
         os.close(self._to_browser)
         os.close(self._from_browser)
-        self._profile.cleanup()
+        if left:
+            raise RuntimeError(f"chromium's processes {left} outlived SIGKILL for {KILL_WAIT_S:.0f} s; "
+                               f"{self._root} is left for them")  # fmt: skip
+        shutil.rmtree(self._root)
 
     def call(self, method: str, *, session: bool = False, timeout: float = 30, **params: Any) -> dict[str, Any]:
         """Send one command; its result (events that arrive meanwhile are kept for :meth:`wait_for`)."""
@@ -89,7 +124,7 @@ class Browser:
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
         if session:
             message["sessionId"] = self._session
-        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
+        self._send(message)
         deadline = time.monotonic() + timeout
         while True:
             reply = self._read(deadline)
@@ -129,6 +164,9 @@ class Browser:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))
         return width, height
+
+    def _send(self, message: dict[str, Any]) -> None:
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
 
     def _read(self, deadline: float) -> dict[str, Any]:
         while b"\0" not in self._buffer:

@@ -6,6 +6,7 @@ run by CI; these tests are the fast offline part, so a packaging slip shows up i
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import subprocess
@@ -17,10 +18,12 @@ from pathlib import Path
 import pytest
 
 import terminus_env
+from terminus_env.sandbox.shipping import joined_source
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "tasks"
 SUITE_IN_WHEEL = "terminus_env/tasks/suite"
+INSIDE = REPO / "terminus_env" / "sandbox" / "inside"
 
 
 def _suite_files() -> dict[str, Path]:
@@ -63,7 +66,8 @@ def test_the_wheel_carries_the_suite_byte_for_byte_and_the_runtime_files(dist: P
             info = wheel.getinfo(f"{SUITE_IN_WHEEL}/{relative}")
             assert wheel.read(info) == source.read_bytes(), relative
             assert (info.external_attr >> 16) & 0o111 == source.stat().st_mode & 0o111, f"{relative}: mode"
-        assert {"terminus_env/py.typed", "terminus_env/sandbox/daemon.py"} <= names
+        inside = {f"terminus_env/sandbox/inside/{path.name}" for path in INSIDE.glob("*.py")}
+        assert {"terminus_env/py.typed", *inside} <= names and len(inside) > 10
         metadata = wheel.read(f"terminus_env-{terminus_env.__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {terminus_env.__version__}\n" in metadata
     assert not any("__pycache__" in name for name in names)
@@ -87,10 +91,11 @@ def test_an_installed_wheel_finds_its_suite_through_the_package(dist: Path, tmp_
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     probe = (
-        "import terminus_env.sandbox.channel as c, terminus_env.tasks as t\n"
+        "import hashlib, terminus_env.sandbox.channel as c, terminus_env.tasks as t\n"
         "print(t.shipped_tasks_dir()); print(t.find_task('hello-world').path)\n"
         "print(len(t.load_tasks(t.shipped_tasks_dir())))\n"
-        "print(c.__file__); print(len(c.DAEMON_SOURCE))\n"
+        "import terminus_env.sandbox.shipping as s\n"
+        "print(c.__file__); print(hashlib.sha256(s.inside_source().encode()).hexdigest())\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     lines = subprocess.run(
@@ -101,4 +106,4 @@ def test_an_installed_wheel_finds_its_suite_through_the_package(dist: Path, tmp_
     assert lines[1] == str(installed / "tasks" / "suite" / "hello-world")
     assert int(lines[2]) == len({p.parent for p in SUITE.glob("*/task.toml")}) == 26
     assert lines[3] == str(installed / "sandbox" / "channel.py")
-    assert int(lines[4]) == len((REPO / "terminus_env" / "sandbox" / "daemon.py").read_text(encoding="utf-8"))
+    assert lines[4] == hashlib.sha256(joined_source(INSIDE).encode()).hexdigest()  # the in-container code, whole

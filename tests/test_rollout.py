@@ -25,10 +25,10 @@ def task(tiny_task_dir):
 
 
 @contextlib.asynccontextmanager
-async def served(replies, replicas: int = 2, **engine):
+async def served(replies, replicas: int = 2, crash_on: str | None = None, **engine):
     """``replicas`` simulated vLLM servers behind one serving pool."""
     async with contextlib.AsyncExitStack() as stack:
-        config = ServerConfig(model="sim", time_scale=0.0, engine=SimConfig(**engine))
+        config = ServerConfig(model="sim", time_scale=0.0, engine=SimConfig(**engine), crash_on=crash_on)
         servers = [await stack.enter_async_context(SimServer(config, replies)) for _ in range(replicas)]
         pool = await stack.enter_async_context(ServingPool([s.url for s in servers], "sim"))
         yield pool
@@ -93,3 +93,20 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_crash(task):
     (trajectory,) = asyncio.run(runner.run([broken]))
     assert trajectory.error and "no-such-image" in trajectory.error
     assert trajectory.env_error and trajectory.reward == 0.0
+
+
+def test_a_request_that_kills_its_engine_fails_its_rollout_not_the_run(task):
+    poison = dataclasses.replace(task, name="poison", instruction=task.instruction + " CRASH-THE-ENGINE")
+
+    async def main():
+        async with served(OracleReplies([task]), crash_on="CRASH-THE-ENGINE") as pool:
+            runner = RolloutRunner(ServingPolicy(pool, max_tokens=512), env_kwargs={"mode": "train"})
+            (failed,) = await runner.run([poison])
+            return failed, await runner.run([task], group_size=2), pool
+
+    failed, after, pool = asyncio.run(main())
+    assert failed.error.startswith("EngineDied: replica ") and "not sent to another replica" in failed.error
+    assert failed.env_error and failed.reward == 0.0  # masked: no gradient from a rollout the fleet failed
+    dead = failed.error.split()[2].removesuffix("'s")
+    assert [t.reward for t in after] == [1.0, 1.0] and dead not in {turn.replica for t in after for turn in t.turns}
+    assert not pool.is_up(dead) and pool.failovers == 0

@@ -24,11 +24,12 @@ LENIENT = TurnLimits(Strictness(False, False))
 GOOD = '<response><analysis>a</analysis><plan>p</plan><commands><keystrokes duration="1">ls\n</keystrokes></commands>'
 DONE = GOOD + "<task_complete>true</task_complete></response>"
 GOOD += "</response>"
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_holds_the_end_reason_table_the_rules_define() -> None:
-    assert end_reason_table() in README.read_text()
+@pytest.mark.parametrize("page", ["README.md", "docs/environment.md"])
+def test_the_docs_hold_the_end_reason_table_the_rules_define(page: str) -> None:
+    assert end_reason_table() in (ROOT / page).read_text()
 
 
 @pytest.mark.parametrize(

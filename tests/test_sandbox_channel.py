@@ -14,7 +14,6 @@ import pytest
 
 from terminus_env import config
 from terminus_env.config import ConfigError
-from terminus_env.sandbox import daemon
 from terminus_env.sandbox.channel import (
     LOCAL_ENGINE_URL,
     Channel,
@@ -24,6 +23,8 @@ from terminus_env.sandbox.channel import (
     direct_unreachable,
     reap_folders,
 )
+from terminus_env.sandbox.inside.channel import take_channel
+from terminus_env.sandbox.inside.names import DIRECT
 from terminus_env.sandbox.owner import process_start
 
 LOCAL = {"Name": "box", "DockerRootDir": "/var/lib/docker", "SecurityOptions": ["name=seccomp,profile=default"]}
@@ -101,13 +102,13 @@ def test_the_daemon_takes_no_host_from_inside_the_container(tmp_path: Path) -> N
     impostor.bind(path)
     impostor.listen(1)
     with pytest.raises(PermissionError, match=f"process {os.getpid()} .* not the host"):
-        daemon.take_channel(path, daemon.DIRECT, 5)
+        take_channel(path, DIRECT, 5)
     impostor.close()
 
 
 def test_the_daemon_gives_up_on_a_host_that_never_listens(tmp_path: Path) -> None:
     with pytest.raises(socket.timeout, match="did not listen"):
-        daemon.take_channel(str(tmp_path / "channel"), daemon.DIRECT, 0.05)
+        take_channel(str(tmp_path / "channel"), DIRECT, 0.05)
 
 
 def test_a_channel_folder_listens_from_the_start_and_stops_once_connected(tmp_path: Path) -> None:
@@ -163,31 +164,3 @@ def test_a_direct_channel_reads_replies_in_pieces_and_the_daemons_stderr_lines(t
     assert reply["data"] == "x" * 3_000_000
     assert stderr == "Traceback (most recent call last):\n" and dropped == 1
     assert not folder.path.exists()
-
-
-def test_the_daemons_stderr_goes_on_the_channel_as_lines(tmp_path: Path) -> None:
-    """What the daemon writes to stderr on a DIRECT channel (a traceback of ours) reaches the host as JSON lines
-    between its replies, and a line is never split by a reply sent from another thread."""
-    read_end, write_end = os.pipe()
-    saved = os.dup(1)
-    os.dup2(write_end, 1)
-    try:
-        lines = daemon.ErrorLines()
-        lines.write("Traceback (most recent call last):\n  File ")
-        daemon.send({"id": 3, "ok": True})
-        lines.write('"x", line 1\nValueError: no\n')
-        lines.write("tail")
-        lines.flush()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        sent = [json.loads(line) for line in pipe.read().splitlines()]
-    assert sent == [
-        {"stderr": "Traceback (most recent call last):\n"},
-        {"id": 3, "ok": True},
-        {"stderr": '  File "x", line 1\n'},
-        {"stderr": "ValueError: no\n"},
-        {"stderr": "tail"},
-    ]

@@ -211,6 +211,14 @@ def test_the_daemon_and_the_relay_are_out_of_sight_on_either_route(
     assert {line.split()[1] for line in names.splitlines()} == expected, names
 
 
+def test_the_containers_unix_sockets_name_nothing_of_the_host(run: Runner, direct: Sandbox) -> None:
+    """/proc/net/unix lists the sockets of the container's network namespace, the host's end of the direct channel
+    among them (the kernel makes the accepted socket in the connecting side's namespace, under the listener's
+    name): that name says nothing of the host's folders or of its owner's pid."""
+    listed = sh(run, direct, "cat /proc/net/unix").output
+    assert "/proc/self/fd/" in listed and "terminus-env" not in listed and f"/{os.getpid()}-" not in listed, listed
+
+
 def test_the_channel_folder_holds_nothing_and_takes_nothing(run: Runner, direct: Sandbox) -> None:
     """On the DIRECT route the channel's folder is the host machine's (on its /run): were it writable from the
     agent's or the verifier's side, a loop could fill the host's memory; were it removable, the agent could

@@ -87,6 +87,41 @@ def test_an_entrypoint_can_write_etc_hosts_and_leave_a_server_running(run: Runne
     assert fetched.strip() == "ready"
 
 
+def test_an_entrypoint_may_write_the_verifiers_folders_and_reaches_nothing_of_the_verifiers(
+    run: Runner, image
+) -> None:
+    """As harbor-cookbook's dns-blacklisting does under `set -e` (`chmod 777 /logs /logs/verifier`): on the agent's
+    side the verifier's folders are writable decoys of its own, still mount points, so the ENTRYPOINT runs as in a
+    plain container and what it writes there never reaches the verifier."""
+    tag = image(
+        "entrypoint-logs",
+        """\
+        COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+        ENTRYPOINT ["bash", "/usr/local/bin/entrypoint.sh"]
+        """,
+        """\
+        set -e
+        mkdir -p /logs/verifier
+        chmod 777 /logs /logs/verifier
+        echo 1 > /logs/verifier/reward.txt
+        echo planted > /tests/test_outputs.py
+        exec "$@"
+        """,
+    )
+
+    async def scenario():
+        async with await Sandbox.start(SandboxSpec(tag)) as sandbox:
+            agent = await sandbox.exec("cat /logs/verifier/reward.txt /tests/test_outputs.py; rmdir /logs/verifier", 10)
+            run = await sandbox.verify(b"", "ls -A /logs/verifier /tests > /logs/verifier/listing", 30, user="root",
+                                       read=("/logs/verifier/listing", "/logs/verifier/reward.txt"))  # fmt: skip
+            return agent, run
+
+    agent, verified = run(scenario())
+    assert agent.output.split("\n")[:2] == ["1", "planted"] and "Device or resource busy" in agent.output
+    assert verified.files["/logs/verifier/reward.txt"] is None  # the verifier's own folder: fresh and empty
+    assert verified.files["/logs/verifier/listing"].decode().split() == ["/logs/verifier:", "listing", "/tests:"]
+
+
 def test_an_entrypoint_that_exits_fails_the_start_with_its_output(run: Runner, image) -> None:
     tag = image(
         "entrypoint-exits",
@@ -169,12 +204,13 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
 
 
 def test_the_host_and_the_container_agree_on_names() -> None:
-    from terminus_env.sandbox import channel, daemon, sandbox
+    from terminus_env.sandbox import channel, sandbox
+    from terminus_env.sandbox.inside import names
 
-    assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (daemon.LOG_PREFIX, daemon.CHANNEL_SOCKET)
-    assert channel.CHANNEL_DIR == daemon.CHANNEL_DIR
-    assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (daemon.DIRECT, daemon.RELAY)
-    assert [word.value for word in sandbox.Network] == [daemon.HOSTS, daemon.CUT_OFF, daemon.AS_IS]
+    assert (channel.LOG_PREFIX, channel.CHANNEL_SOCKET) == (names.LOG_PREFIX, names.CHANNEL_SOCKET)
+    assert channel.CHANNEL_DIR == names.CHANNEL_DIR
+    assert (channel.Route.DIRECT.value, channel.Route.RELAY.value) == (names.DIRECT, names.RELAY)
+    assert [word.value for word in sandbox.Network] == [names.HOSTS, names.CUT_OFF, names.AS_IS]
 
 
 @pytest.mark.parametrize("magic, runs", [(None, "compiled"), (b"\x00\x00\r\n", "source")])
@@ -185,7 +221,7 @@ def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(mag
     import subprocess
     import sys
 
-    from terminus_env.sandbox import channel
+    from terminus_env.sandbox import shipping
 
     program = (
         "import os, sys\n"
@@ -193,11 +229,11 @@ def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(mag
         "print({!r}, sys.argv[1:], left)\n"
     )
     variables = {
-        channel.SOURCE_VARIABLE: channel.code_variables(program.format("source"))[channel.SOURCE_VARIABLE],
-        channel.COMPILED_VARIABLE: channel.code_variables(
+        shipping.SOURCE_VARIABLE: shipping.code_variables(program.format("source"))[shipping.SOURCE_VARIABLE],
+        shipping.COMPILED_VARIABLE: shipping.code_variables(
             program.format("compiled"), magic or importlib.util.MAGIC_NUMBER
-        )[channel.COMPILED_VARIABLE],
+        )[shipping.COMPILED_VARIABLE],
     }
-    command = [sys.executable, *channel.MAIN_COMMAND[1:], "x"]
+    command = [sys.executable, *shipping.MAIN_COMMAND[1:], "x"]
     result = subprocess.run(command, env=variables, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == f"{runs} ['main', 'x'] []"

@@ -1,16 +1,28 @@
 """The rules that judge what the verifier ran (sandbox/tamper.py), without Docker: the watch's facts in, findings out.
 
-tests/test_attacks.py plays each attack for real; here each rule meets its near misses, the legitimate changes a
-solution makes, which must never be flagged.
+tests/test_attacks.py and tests/test_attacks_provenance.py play each attack for real; here each rule meets its
+near misses, the legitimate changes a solution makes, which must never be flagged. ``early`` says a file was first
+opened before the verifier's tests began (the runner starting up); after, the agent's code is what the tests run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from terminus_env.sandbox.tamper import Change, Relink, TamperKind, UsedFile, WatchReport, judge, queries
+from terminus_env.sandbox.tamper import (
+    Change,
+    Relink,
+    RewardOpen,
+    TamperKind,
+    UsedFile,
+    WatchReport,
+    judge,
+    link_candidates,
+    queries,
+)
 
 ELF = b"\x7fELF"
 
@@ -22,9 +34,16 @@ def kinds(
     changes: dict[str, Change] | None = None,
     found: dict[str, list[dict[str, Any]]] | None = None,
     relinked: tuple[Relink, ...] = (),
+    links: tuple[Relink, ...] = (),
+    early_code: frozenset[str] = frozenset(),
 ) -> set[str]:
-    report = WatchReport(tuple(used), relinked)
-    return {finding.kind.value for finding in judge(report, workdir, changes, found)}
+    report = WatchReport(tuple(used), relinked, early_code=early_code)
+    return {finding.kind.value for finding in judge(report, workdir, changes, found, links)}
+
+
+def later(*used: UsedFile) -> list[UsedFile]:
+    """The same files, first opened once the verifier's tests had begun."""
+    return [dataclasses.replace(file, early=False) for file in used]
 
 
 def image(*paths: str) -> list[dict[str, Any]]:
@@ -69,13 +88,19 @@ def test_a_pth_file_is_flagged_only_when_it_runs_code_that_no_installer_writes()
 def test_the_loader_preload_file_and_runner_configuration_above_the_tests() -> None:
     assert kinds([UsedFile("/etc/ld.so.preload")]) == {"startup_hook"}
     assert kinds([UsedFile("/pytest.ini"), UsedFile("/conftest.py", magic=b"impo")]) == {"runner_config"}
-    # the same names anywhere but / are the task's own files
-    assert kinds([UsedFile("/app/pytest.ini"), UsedFile("/app/conftest.py"), UsedFile("/app/pyproject.toml")]) == set()
+    # the same names anywhere but / are the task's own files: configuration is data, a conftest is code
+    assert kinds([UsedFile("/app/pytest.ini"), UsedFile("/app/pyproject.toml")]) == set()
+    assert kinds(later(UsedFile("/app/conftest.py"))) == set()  # the project's own tests, run by a test
+    assert kinds([UsedFile("/app/conftest.py")]) == {"loaded_before_tests"}  # the runner starting up in /app
+    # read once the tests had begun (a pytest the tests start), / is no longer the verifier's runner
+    assert kinds(later(UsedFile("/pytest.ini"))) == set()
 
 
 def test_a_pytest_plugin_entry_point_is_runner_configuration() -> None:
     plugin = "/usr/local/lib/python3.11/dist-packages/quiet-1.0.dist-info/entry_points.txt"
     assert kinds([UsedFile(plugin, head=b"[pytest11]\nquiet = quiet_plugin\n")]) == {"runner_config"}
+    # a project's plugin, read by a pytest its tests run
+    assert kinds(later(UsedFile(plugin, head=b"[pytest11]\nquiet = quiet_plugin\n"))) == set()
     scripts = "/usr/local/lib/python3.11/dist-packages/tool-1.0.dist-info/entry_points.txt"
     assert kinds([UsedFile(scripts, head=b"[console_scripts]\ntool = tool:main\n")]) == set()
 
@@ -91,8 +116,15 @@ def test_a_modified_runtime_file_is_flagged_when_the_image_had_it() -> None:
     report = WatchReport(tuple(used))
     assert {finding.path for finding in judge(report, "/app", changes)} == {file.path for file in used}
     assert queries(report, "/app").diff_paths == {file.path for file in used}
-    # installed by the agent, not in the image: the task's own programs and libraries
-    assert kinds(used, changes={file.path: Change.ADDED for file in used}) == set()
+    # at any time: the image's runtime, modified, runs every test
+    assert {finding.path for finding in judge(WatchReport(tuple(later(*used))), "/app", changes)} == {
+        file.path for file in used
+    }
+    # installed by the agent, not in the image: the task's own programs and libraries, when the tests run them,
+    # but the agent's choice of runtime when the runner loads them before the tests began
+    added = {file.path: Change.ADDED for file in used}
+    assert kinds(later(*used), changes=added) == set()
+    assert kinds(used, changes=added) == {"loaded_before_tests"}
 
 
 def test_the_tasks_own_files_in_runtime_folders_are_not_the_runtime() -> None:
@@ -105,7 +137,7 @@ def test_the_tasks_own_files_in_runtime_folders_are_not_the_runtime() -> None:
         UsedFile("/usr/lib/x86_64-linux-gnu/some-data.txt"),
     ]
     changes = {file.path: Change.MODIFIED for file in used}
-    assert kinds(used, changes=changes) == set()
+    assert kinds(later(*used), changes=changes) == set()
     assert queries(WatchReport(tuple(used)), "/app").diff_paths == set()
 
 
@@ -115,10 +147,10 @@ def test_a_program_earlier_on_path_shadows_the_images() -> None:
     assert "/usr/bin/python3" in asked.patterns and "/usr/local/sbin/python3" not in asked.patterns
     assert kinds([fake], found={"/usr/bin/python3": image("/usr/bin/python3")}) == {"shadowed"}
     # a program the image does not have (jq installed by the agent), or only reached through a linked folder
-    jq = UsedFile("/usr/bin/jq", executed=True, magic=ELF)
+    jq = UsedFile("/usr/bin/jq", executed=True, magic=ELF, early=False)
     linked = [{"path": "/bin/jq", "real": "/usr/bin/jq", "changed": True}]
     assert kinds([jq], found={"/bin/jq": linked}) == set()
-    assert kinds([fake], found={"/usr/bin/python3": [{"path": "/usr/bin/python3", "changed": True}]}) == set()
+    assert kinds(later(fake), found={"/usr/bin/python3": [{"path": "/usr/bin/python3", "changed": True}]}) == set()
 
 
 def test_a_module_in_the_working_folder_shadows_the_runner_and_the_standard_library() -> None:
@@ -148,12 +180,12 @@ def test_a_library_outside_the_distributions_folders_shadows_one_inside() -> Non
     pattern = "/lib/*-linux-gnu*/libc.so.6"
     assert pattern in queries(WatchReport((libc,)), "/app").patterns
     assert kinds([libc], found={pattern: image("/lib/x86_64-linux-gnu/libc.so.6")}) == {"shadowed"}
-    own = UsedFile("/usr/local/lib/libwordstats.so.1", magic=ELF)
+    own = UsedFile("/usr/local/lib/libwordstats.so.1", magic=ELF, early=False)
     assert kinds([own], found={}) == set()
 
 
 def test_links_pointed_elsewhere() -> None:
-    redirected = Relink("/usr/bin/python3", "/usr/bin/true", executed=True)
+    redirected = Relink("/usr/bin/python3", "/usr/bin/true", executed=True, magic=ELF)
     assert kinds([], relinked=(redirected,), changes={"/usr/bin/python3": Change.MODIFIED}) == {"redirected"}
     # a new link named like an image program found later on PATH
     new = Relink("/usr/local/bin/python3", "/usr/bin/true", executed=True)
@@ -166,14 +198,17 @@ def test_links_pointed_elsewhere() -> None:
 
 def test_findings_round_trip_the_daemons_reply() -> None:
     reply = {
-        "used": [{"path": "/zz.pth", "exec": False, "magic": "696d706f", "head": "aW1wb3J0IG9zCg=="}],
-        "relinked": [{"path": "/usr/bin/python3", "target": "/usr/bin/true", "exec": True}],
-        "watch": {"complete": True, "events": 10},
-    }
+        "used": [{"path": "/zz.pth", "exec": False, "magic": "696d706f", "head": "aW1wb3J0IG9zCg==", "early": False}],
+        "relinked": [{"path": "/usr/bin/python3", "target": "/usr/bin/true", "exec": True, "magic": "7f454c46"}],
+        "watch": {"complete": True, "events": 10, "early_code": ["/usr/bin/true"], "runner_signal": 9,
+                  "reward_refused": [{"path": "/logs/verifier/reward.txt", "pid": 42, "why": "ran /app/x.sh"}]},
+    }  # fmt: skip
     report = WatchReport.from_reply(reply)
-    assert report.used == (UsedFile("/zz.pth", False, b"impo", b"import os\n"),)
-    assert report.relinked == (Relink("/usr/bin/python3", "/usr/bin/true", True),)
+    assert report.used == (UsedFile("/zz.pth", False, b"impo", b"import os\n", early=False),)
+    assert report.relinked == (Relink("/usr/bin/python3", "/usr/bin/true", True, magic=ELF),)
     assert report.complete and not WatchReport.from_reply({}).complete
+    assert report.early_code == {"/usr/bin/true"} and report.runner_signal == 9
+    assert report.reward_refused == (RewardOpen("/logs/verifier/reward.txt", 42, "ran /app/x.sh"),)
 
 
 def test_code_changed_while_the_verifier_ran_is_flagged_whatever_its_name() -> None:
@@ -181,6 +216,10 @@ def test_code_changed_while_the_verifier_ran_is_flagged_whatever_its_name() -> N
     renamed = UsedFile("/tmp/.x", magic=b"#!/b", during=True)
     module = UsedFile("/app/helper.py", during=True)
     assert kinds([renamed]) == kinds([module]) == {"changed_during"}
+    # once the tests began, the agent's own program changing under them is the thing under test (the verifier's
+    # own `chmod +x /app/cmd.sh` reads as a change too); the image's runtime changing under them is not
+    assert kinds(later(renamed, module)) == set()
+    assert kinds(later(UsedFile("/usr/bin/python3.11", executed=True, magic=ELF, during=True))) == {"changed_during"}
     # data the agent's service writes while the tests read it is the task's state
     assert kinds([UsedFile("/var/log/app.log", magic=b"2026", during=True)]) == set()
 
@@ -208,3 +247,77 @@ def test_links_are_judged_by_the_names_they_give() -> None:
     pattern = "/usr/lib/python3/dist-packages/pytest/__init__.py"
     assert pattern in queries(WatchReport((), (module,)), "/app").patterns
     assert kinds([], relinked=(module,), found={pattern: image(pattern)}) == {"shadowed"}
+
+
+def test_setuptools_namespace_package_lines_are_an_installers() -> None:
+    """A wheel's ``*-nspkg.pth``: setuptools' one line, which only makes module objects for the namespace."""
+    line = (
+        b"import sys, types, os;has_mfs = sys.version_info > (3, 5);p = os.path.join(sys._getframe(1).f_locals["
+        b"'sitedir'], *('google',));importlib = has_mfs and __import__('importlib.util');has_mfs and __import__("
+        b"'importlib.machinery');m = has_mfs and sys.modules.setdefault('google', importlib.util.module_from_spec("
+        b"importlib.machinery.PathFinder.find_spec('google', [os.path.dirname(p)])));m = m or sys.modules.setdefault("
+        b"'google', types.ModuleType('google'));mp = (m or []) and m.__dict__.setdefault('__path__',[]);(p not in mp) "
+        b"and mp.append(p)\n"
+    )
+    site = "/usr/local/lib/python3.11/dist-packages"
+    assert kinds([UsedFile(f"{site}/protobuf-4.25.0-py3.11-nspkg.pth", head=line)]) == set()
+    assert kinds([UsedFile(f"{site}/evil-nspkg.pth", head=b"import sys, types, os; os._exit(0)\n")]) == {"startup_hook"}
+
+
+def test_code_the_agent_provided_and_the_runner_loaded_is_flagged_whatever_its_name() -> None:
+    """Before the tests began, anything the agent provided that runs is the runner's code: a module of a package the
+    runner imports, a library the loader's cache put first, a program the test script runs, a zip on Python's path."""
+    provided = [
+        UsedFile("/usr/lib/python3/dist-packages/attr/__init__.py"),
+        UsedFile("/opt/shim/libz.so.1", magic=ELF),
+        UsedFile("/root/.local/bin/uv", executed=True, magic=ELF),
+        UsedFile("/usr/lib/python311.zip", magic=b"PK\x03\x04"),
+    ]
+    for file in provided:
+        assert kinds([file]) == {"loaded_before_tests"}, file
+        assert kinds(later(file)) == set(), file  # once the tests began: what they exercise
+    # data the agent provided is read by the runner as data: its configuration, a timezone, a requirements list
+    data = [UsedFile("/etc/localtime", magic=b"TZif"), UsedFile("/app/requirements.txt"), UsedFile("/etc/hosts")]
+    assert kinds(data) == set()
+    # the modules that installers' own .pth lines import (a gap security.md states)
+    finder = "/usr/local/lib/python3.11/dist-packages/__editable___wordstats_1_0_finder.py"
+    assert kinds([UsedFile(finder), UsedFile("/usr/lib/python3/dist-packages/_distutils_hack/__init__.py")]) == set()
+
+
+def test_a_link_the_agent_made_to_code_the_runner_loaded() -> None:
+    """Python opens the file a link leads to: a package folder of links to the image's own files shows only image
+    files to the watch. The agent's links among Docker's diff are looked up, and judged by what they lead to."""
+    early = frozenset({"/usr/lib/python3.11/this.py", "/usr/lib/python3.11/concurrent/__init__.py",
+                       "/usr/bin/python3.11", "/usr/lib/python3.11/json/__init__.py"})  # fmt: skip
+    package = (Relink("/app/pytest/__main__.py", "/usr/lib/python3.11/this.py"),
+               Relink("/app/pytest/__init__.py", "/usr/lib/python3.11/concurrent/__init__.py"))  # fmt: skip
+    assert kinds([], links=package, early_code=early) == {"loaded_before_tests"}
+    folder = Relink("/usr/local/lib/python3.11/dist-packages/pytest", "/usr/lib/python3.11/json", folder=True)
+    assert kinds([], links=(folder,), early_code=early) == {"loaded_before_tests"}
+    # a venv the agent made links its interpreter: not a name Python imports, nor a program on PATH
+    venv = Relink("/app/venv/bin/python3", "/usr/bin/python3.11")
+    # a link to code only the tests loaded, or to data
+    late = Relink("/app/pkg/helper.py", "/usr/lib/python3.11/textwrap.py")
+    zone = Relink("/etc/localtime", "/usr/share/zoneinfo/America/New_York")
+    assert kinds([], links=(venv, late, zone), early_code=early) == set()
+
+
+def test_which_paths_of_the_diff_could_be_a_link_that_hijacks_a_load() -> None:
+    paths = ["/app/pytest/__init__.py", "/app/pytest", "/app/venv/bin/python3", "/app/data.csv", "/usr/local/bin/jq",
+             "/opt/shim/libz.so.1", "/app/.venv/lib/python3.11/site-packages/pluggy/__init__.py", "/app/my-dir/x.py",
+             "/usr/local/lib/python3.11/dist-packages/pytest/__main__.py", "/etc/passwd"]  # fmt: skip
+    assert set(link_candidates(paths, "/app")) == {
+        "/app/pytest/__init__.py", "/app/pytest", "/app/venv/bin/python3", "/usr/local/bin/jq", "/opt/shim/libz.so.1",
+        "/app/.venv/lib/python3.11/site-packages/pluggy/__init__.py",
+        "/usr/local/lib/python3.11/dist-packages/pytest/__main__.py",
+    }  # fmt: skip
+    assert queries(WatchReport(early_code=frozenset({"/x.py"})), "/app").links
+    assert not queries(WatchReport(), "/app").links
+
+
+def test_a_reward_opened_by_the_agents_program_and_a_killed_test_script() -> None:
+    refused = RewardOpen("/logs/verifier/reward.txt", 77, "ran /app/answer.sh, which the agent provided")
+    report = WatchReport(reward_refused=(refused,), runner_signal=9)
+    found = judge(report, "/app")
+    assert [finding.kind for finding in found] == [TamperKind.REWARD_FORGED, TamperKind.RUNNER_KILLED]
+    assert "pid 77 ran /app/answer.sh" in found[0].detail and "signal 9" in found[1].detail

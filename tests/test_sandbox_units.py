@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import errno
-import struct
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from terminus_env.sandbox import daemon
 from terminus_env.sandbox.images import _split_reference, context_hash, slug
 from terminus_env.sandbox.services import Readiness, readiness
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
@@ -29,67 +26,6 @@ def test_other_text_is_literal(text: str) -> None:
     calls = key_arguments(text)
     assert all(call[:2] == ["-l", "--"] for call in calls)
     assert "".join(call[2] for call in calls) == text
-
-
-def test_tmux_argv_fallback_escapes_a_trailing_semicolon() -> None:
-    seen = []
-
-    class Recording(daemon.Tmux):
-        def spawn_tmux(self, argv, user):  # noqa: ANN001, ANN202 - the daemon's own untyped style
-            seen.append(argv)
-            return True, ""
-
-    commands = [["send-keys", "-l", "--", "a;"], ["send-keys", "-l", "--", "{} \\;"]]
-    Recording(spawner=None).run_process({"tmux": ["tmux"]}, commands)
-    assert seen == [["tmux", "send-keys", "-l", "--", "a\\;", ";", "send-keys", "-l", "--", "{} \\\\;"]]
-
-
-def test_control_mode_quoting() -> None:
-    assert daemon.control_quote('a "b" $HOME \\ ;\n\t\x1b') == '"a \\"b\\" \\$HOME \\\\ ;\\n\\011\\033"'
-
-
-def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-    """A classic-BPF interpreter for the few instructions the seccomp filter uses; returns the action."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
-    code = [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
-    pc, acc = 0, 0
-    while True:
-        op, jt, jf, k = code[pc]
-        if op == 0x20:
-            acc = struct.unpack_from("<I", data, k)[0]
-        elif op == 0x06:
-            return k
-        else:
-            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
-            pc += jt if taken else jf
-        pc += 1
-
-
-ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
-
-
-@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
-def test_the_seccomp_filter_denies_what_docker_denies_without_cap_sys_admin(machine: str) -> None:
-    program = daemon.seccomp_program(machine)
-    for abi in daemon._NATIVE_ABIS[machine]:
-        arch, column = daemon.AUDIT_ARCH[abi], daemon._ABI_COLUMN[abi]
-        for name, numbers in daemon._SYSCALLS.items():
-            nr = numbers[column]
-            if nr is None or name == "clone":
-                continue
-            assert run_bpf(program, nr, arch) == (ENOSYS if name == "clone3" else EPERM), (abi, name)
-        clone = daemon._SYSCALLS["clone"][column]
-        assert run_bpf(program, clone, arch, arg0=0x01200011) == ALLOW  # what fork() passes
-        assert run_bpf(program, clone, arch, arg0=0x10000000 | 0x11) == EPERM  # CLONE_NEWUSER
-        assert run_bpf(program, 0 if abi == "x86_64" else 63, arch) == ALLOW  # read
-    assert run_bpf(program, 0, 0x40000028) == ENOSYS  # an ABI the machine does not run natively
-    if machine == "x86_64":
-        assert run_bpf(program, 0x40000000 | 1, daemon.AUDIT_ARCH["x86_64"]) == ENOSYS  # x32
-
-
-def test_the_seccomp_filter_refuses_an_unknown_machine() -> None:
-    with pytest.raises(OSError, match="unsupported machine"):
-        daemon.seccomp_program("riscv64")
 
 
 @given(st.text(min_size=1, max_size=3000))

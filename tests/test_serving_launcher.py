@@ -18,7 +18,7 @@ import httpx
 import pytest
 from serving_support import pid_alive, terminate
 
-from terminus_env.serving.launcher import LaunchError, build_parser, main, plan
+from terminus_env.serving.launcher import WHOLE_PREFILL_NOTE, LaunchError, build_parser, main, plan
 from terminus_env.serving.serve_process import free_ports
 
 STUB = """#!{python}
@@ -31,6 +31,14 @@ if args[0] == "-c":
 port = args[args.index("--port") + 1]
 record = {{"pid": os.getpid(), "argv": args, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
           "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "dev": os.environ.get("VLLM_SERVER_DEV_MODE")}}
+straggler = os.environ.get("STUB_STRAGGLER")  # a file: fork a worker that ignores SIGTERM and keeps writing to it
+if straggler and os.fork() == 0:
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(straggler, "a") as out:
+        out.write(str(os.getpid()) + "\\n")
+        while True:
+            out.write("x"); out.flush(); time.sleep(0.001)
 with open(os.path.join({records!r}, port + ".json"), "w") as f:
     json.dump(record, f)
 os.execv(sys.executable, [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", port,
@@ -137,25 +145,97 @@ def test_on_the_cpu_each_replica_is_pinned_to_its_own_cores(stub_python):
         assert f"  http://127.0.0.1:{port}  (CPU cores {bound[0]})" in lines
         assert [r["dev"] for r in seen] == ["1", "1"]  # --weight-sync opens vLLM's development endpoints
         assert "--tensor-parallel-size" not in seen[0]["argv"]
+        assert "--no-enable-chunked-prefill" in seen[0]["argv"] and WHOLE_PREFILL_NOTE in lines
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert _wait_dead([r["pid"] for r in seen])
 
 
-def test_when_one_replica_dies_the_others_are_stopped(stub_python, tmp_path):
+def _stderr_until(proc: subprocess.Popen, text: str, timeout_s: float = 30) -> list[str]:
+    """The launcher's stderr lines up to the first that holds ``text``."""
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError(f"launcher's stderr closed (rc={proc.poll()}) before {text!r}: {lines}")
+        lines.append(line.rstrip())
+        if text in line:
+            return lines
+    raise AssertionError(f"no {text!r} on the launcher's stderr in {timeout_s}s: {lines}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub_python, tmp_path):
     env, records, python = stub_python
     port = free_ports(3)
     logs = tmp_path / "logs"
-    args = ["--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs), "--device", "gpu"]
+    args = ["--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs), "--device", "gpu",
+            "--max-restarts", "1"]  # fmt: skip
     with _launched(env, python, *args) as proc:
         _read_until_ready(proc)
         assert f"on http://127.0.0.1:{port + 2}" in (logs / "replica-2.log").read_text()
         seen = _records(records)
         assert len(seen) == 3
         os.kill(seen[1]["pid"], signal.SIGKILL)
+        _stderr_until(proc, f"replica 1 (http://127.0.0.1:{port + 1}) exited with code -9 while serving; starting "
+                      "it again (1 of 1)")  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not _healthy(f"http://127.0.0.1:{port + 1}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        again = _records(records)
+        assert again[1]["pid"] != seen[1]["pid"] and _healthy(f"http://127.0.0.1:{port + 1}")
+        assert [r["pid"] for r in again[::2]] == [r["pid"] for r in seen[::2]]  # the others were never touched
+        assert proc.poll() is None
+        os.kill(again[1]["pid"], signal.SIGKILL)  # its one restart is spent: it stays down, the others serve on
+        _stderr_until(proc, "not restarted again (1 restarts); 2 replica(s) left")
+        assert proc.poll() is None and _healthy(f"http://127.0.0.1:{port}") and _healthy(f"http://127.0.0.1:{port + 2}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert _wait_dead([r["pid"] for r in again])
+
+
+def test_with_no_replica_left_the_launcher_exits(stub_python):
+    env, records, python = stub_python
+    port = free_ports(2)
+    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(port), "--max-restarts", "0") as proc:
+        _read_until_ready(proc)
+        seen = _records(records)
+        for record in seen:
+            os.kill(record["pid"], signal.SIGKILL)
         assert proc.wait(timeout=30) == 1
-        assert "exited with code" in proc.stderr.read()
-        assert _wait_dead([r["pid"] for r in seen])
+        assert "no replica is left" in proc.stderr.read()
+
+
+def test_once_the_launcher_has_stopped_no_process_of_a_replica_writes_any_more(stub_python, tmp_path):
+    """A worker that ignores SIGTERM and outlives its replica's main process is SIGKILLed, and the launcher returns
+    only once it is gone: the caller may remove the replica's folders at once."""
+    env, records, python = stub_python
+    written = tmp_path / "straggler.out"
+    env["STUB_STRAGGLER"] = str(written)
+    args = ["--model", "tiny", "--dp", "1", "--port", str(free_ports(1)), "--device", "gpu", "--stop-timeout", "1"]
+    with _launched(env, python, *args) as proc:
+        _read_until_ready(proc)
+        deadline = time.monotonic() + 10
+        while "\n" not in (written.read_text() if written.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker = int(written.read_text().split("\n", 1)[0])
+        try:
+            assert pid_alive(worker)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0
+            assert not pid_alive(worker)  # at once: no wait here
+            size = written.stat().st_size
+            time.sleep(0.2)
+            assert written.stat().st_size == size
+        finally:
+            terminate(worker)
 
 
 def test_launcher_killed_outright_leaves_no_replica(stub_python):
@@ -200,6 +280,18 @@ def test_cpu_replicas_need_a_core_each_and_no_tensor_parallelism():
         replicas("--tp", "2")
     on_gpus = plan(build_parser().parse_args(["--model", "m", "--dp", "2"]), [], "py", None, gpu_present=True)
     assert [r.gpus for r in on_gpus] == [("0",), ("1",)] and on_gpus[0].env == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_cpu_replicas_prefill_whole_unless_told_otherwise():
+    def argv(*extra: str, gpu: bool = False) -> tuple[str, ...]:
+        parsed = build_parser().parse_args(["--model", "m"])
+        return plan(parsed, list(extra), "py", None, gpu_present=gpu, cores=(0, 1))[0].argv
+
+    assert "--no-enable-chunked-prefill" in argv()  # a seeded request's split prefill would crash the CPU engine
+    assert "--no-enable-chunked-prefill" not in argv(gpu=True)  # CUDA generators rewind; GPUs keep vLLM's default
+    chosen = argv("--enable-chunked-prefill", "--max-num-batched-tokens", "256")
+    assert chosen.count("--enable-chunked-prefill") == 1 and "--no-enable-chunked-prefill" not in chosen
+    assert argv("--no-enable-chunked-prefill").count("--no-enable-chunked-prefill") == 1
 
 
 def test_without_vllm_the_message_names_the_extra(capsys):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 
+import httpx
 import pytest
 from serving_support import SimProcesses, wait_healthy
 
 from terminus_env.serving.admission import AdaptiveAdmission, FixedAdmission
 from terminus_env.serving.client import (
     ContextLengthExceeded,
+    EngineDied,
     ReplicaClient,
     ReplicaUnavailable,
     ServingError,
@@ -233,9 +236,53 @@ def test_no_replica_at_all_is_a_clear_error_after_the_timeout():
     assert 0.4 < run(main()) < 5
 
 
-def test_failover_when_a_server_process_dies(tmp_path):
-    """Kill one server mid-turn: its sessions move, the in-flight turns are retried, no rollout is lost;
-    a server started again on that port is probed back up and takes new sessions."""
+def test_a_server_that_dies_between_turns_hands_its_sessions_to_the_others(tmp_path):
+    """Kill one server while no request is at it: the next turn of each of its sessions cannot connect (it never
+    reached an engine), so it goes to the survivor; no rollout is lost. A server started again on that port is
+    probed back up and takes new sessions."""
+    procs = SimProcesses(tmp_path)
+    args = ("--model", "m", "--time-scale", "0")
+
+    async def main():
+        victim, victim_url = procs.start(*args)
+        _, survivor_url = procs.start(*args)
+        async with ServingPool(
+            [victim_url, survivor_url], "m", policy="requests", scrape_interval_s=0.1, failover_timeout_s=30
+        ) as pool:
+            turns: dict[str, list[str]] = {}
+            async with contextlib.AsyncExitStack() as stack:
+                for i in range(4):
+                    await stack.enter_async_context(pool.session(f"s{i}"))
+                messages = {f"s{i}": [{"role": "user", "content": f"task for s{i}"}] for i in range(4)}
+                for sid in messages:
+                    turns[sid] = [(await pool.chat(sid, messages[sid], max_tokens=20)).replica]
+                victim.kill()
+                victim.wait()
+                for sid in messages:
+                    messages[sid] += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+                    turns[sid].append((await pool.chat(sid, messages[sid], max_tokens=20)).replica)
+            down, failovers = not pool.is_up(victim_url), pool.failovers
+            procs.start(*args, port=int(victim_url.rsplit(":", 1)[1]))
+            wait_healthy(victim_url)
+            deadline = time.monotonic() + 5
+            while not pool.is_up(victim_url) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            later = await asyncio.gather(*(rollout(pool, f"t{i}", 1) for i in range(4)))
+            return turns, down, failovers, later, victim_url, survivor_url
+
+    try:
+        turns, down, failovers, later, victim_url, survivor_url = run(main())
+    finally:
+        procs.close()
+    assert sorted(turns.values()) == sorted([[survivor_url] * 2] * 2 + [[victim_url, survivor_url]] * 2)
+    # The first turn that finds it dead fails over (none does if a scrape found it first); then the router knows.
+    assert down and failovers in (0, 1)
+    assert any(t == [victim_url] for t in later)  # back up, it takes new sessions
+
+
+def test_requests_at_a_server_that_dies_are_not_replayed_elsewhere(tmp_path):
+    """Kill one server while turns are in flight there: the engine may have died of them, so they fail with
+    EngineDied naming their session instead of going to the survivor; the survivor's sessions finish."""
     script = tmp_path / "replies.jsonl"
     # Turn 2 is long (~1.5 s at this time scale), so it is surely in flight when the victim dies.
     script.write_text(json.dumps({"match": "task for", "replies": ["look", "step " * 300, "done"]}) + "\n")
@@ -249,29 +296,101 @@ def test_failover_when_a_server_process_dies(tmp_path):
             [victim_url, survivor_url], "m", policy="requests", scrape_interval_s=0.1, failover_timeout_s=30
         ) as pool:
             done = [asyncio.Event() for _ in range(4)]
-            runs = asyncio.gather(*(rollout(pool, f"s{i}", 3, first_turn_done=done[i]) for i in range(4)))
+            runs = asyncio.gather(
+                *(rollout(pool, f"s{i}", 3, first_turn_done=done[i]) for i in range(4)), return_exceptions=True
+            )
             for event in done:
                 await event.wait()
+            placed = {f"s{i}": pool.router.replica_of(f"s{i}") for i in range(4)}
             await asyncio.sleep(0.2)
             victim.kill()
-            first = await runs
-            down = not pool.is_up(victim_url)
-            failovers = pool.failovers
-            port = int(victim_url.rsplit(":", 1)[1])
-            procs.start(*args, port=port)
-            wait_healthy(victim_url)
-            deadline = time.monotonic() + 5
-            while not pool.is_up(victim_url) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            later = await asyncio.gather(*(rollout(pool, f"t{i}", 1) for i in range(4)))
-            return first, down, failovers, later, victim_url, survivor_url
+            return await runs, placed, pool.failovers, pool.is_up(victim_url), victim_url, survivor_url
 
     try:
-        first, down, failovers, later, victim_url, survivor_url = run(main())
+        results, placed, failovers, victim_up, victim_url, survivor_url = run(main())
     finally:
         procs.close()
-    assert all(len(turns) == 3 for turns in first)  # no rollout lost
-    # The victim's two sessions: turn 1 there, turn 2 (in flight at the kill) retried on the survivor.
-    assert sorted(first) == sorted([[survivor_url] * 3] * 2 + [[victim_url, survivor_url, survivor_url]] * 2)
-    assert down and failovers == 2
-    assert any(turns == [victim_url] for turns in later)  # back up, it takes new sessions
+    for i, result in enumerate(results):
+        if placed[f"s{i}"] == victim_url:
+            assert isinstance(result, EngineDied), result
+            assert f"session 's{i}'" in str(result) and "turn 2" in str(result) and "not sent to another" in str(result)
+        else:
+            assert result == [survivor_url] * 3
+    assert sorted(placed.values()) == sorted([victim_url, survivor_url] * 2)
+    assert failovers == 0 and not victim_up
+
+
+def test_a_request_that_kills_its_engine_fails_alone_and_the_fleet_serves_on():
+    """A request that crashes the engine it reaches (the simulator's crash_on, as a seeded request with a split
+    prefill crashes vLLM's CPU build) is never sent to the next replica: one such request must not take the
+    fleet down replica by replica. Other sessions are served by the replicas left."""
+    config = ServerConfig(model="m", time_scale=0.0, crash_on="BOOM")
+
+    async def main():
+        async with (
+            SimServer(config) as a,
+            SimServer(config) as b,
+            ServingPool([a.url, b.url], "m", policy="requests", scrape_interval_s=0.05) as pool,
+        ):
+            async with pool.session("poison"):
+                first = await pool.chat("poison", [{"role": "user", "content": "hello"}], max_tokens=5)
+                home = first.replica
+                other = b.url if home == a.url else a.url
+                before = (await ReplicaClient(other).metrics())["0"].prompt_tokens_total
+                with pytest.raises(EngineDied) as died:
+                    await pool.chat("poison", [{"role": "user", "content": "BOOM"}], max_tokens=5, seed=5)
+                after = (await ReplicaClient(other).metrics())["0"].prompt_tokens_total
+            others = await asyncio.gather(*(rollout(pool, f"s{i}", 2) for i in range(3)))
+            return died.value, home, other, before, after, others, pool.is_up(home), pool.failovers
+
+    died, home, other, before, after, others, home_up, failovers = run(main())
+    message = str(died)
+    assert f"replica {home}'s engine died" in message and "session 'poison'" in message and "turn 2" in message
+    assert "'seed': 5" in message and "--no-enable-chunked-prefill" in message  # it names the likely cause
+    assert "EngineCore encountered an issue" in message  # vLLM's own words, as the server answered them
+    assert after == before and failovers == 0  # the request never reached the other replica
+    assert others == [[other, other]] * 3 and not home_up  # the fleet serves on without the dead replica
+
+
+def test_a_failure_at_a_replica_that_stays_healthy_is_retried_a_bounded_number_of_times():
+    """An HTTP 500 from a replica that still answers /health (its reply source fails, its engine lives): the request
+    may be tried again, but only twice more; then the request itself is what fails, and the replica stays up."""
+    calls = []
+
+    def broken(messages: list[dict]) -> str:
+        calls.append(messages)
+        raise RuntimeError("no reply for this one")
+
+    async def main():
+        async with SimServer(FAST, broken) as a, ServingPool([a.url], "m", scrape_interval_s=0.05) as pool:
+            async with pool.session("s"):
+                with pytest.raises(ServingError, match="failed 3 times at replicas that stayed healthy") as failed:
+                    await pool.chat("s", [{"role": "user", "content": "hi"}], max_tokens=5)
+            return failed.value, pool.is_up(a.url)
+
+    failed, up = run(main())
+    assert not isinstance(failed, EngineDied | ReplicaUnavailable) and "no reply for this one" in str(failed)
+    assert len(calls) == 3 and up
+
+
+def test_the_client_says_whether_a_failed_request_reached_the_server():
+    async def main():
+        refused = ReplicaClient(f"http://127.0.0.1:{_free_port()}")
+        dropped = ReplicaClient("http://x", transport=httpx.MockTransport(_raise(httpx.ReadError("reset"))))
+        answered = ReplicaClient("http://x", transport=httpx.MockTransport(lambda r: httpx.Response(502, text="no")))
+        out = []
+        for client in (refused, dropped, answered):
+            with pytest.raises(ReplicaUnavailable) as failed:
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=1)
+            out.append(failed.value.delivered)
+            await client.aclose()
+        return out
+
+    assert run(main()) == [False, True, True]
+
+
+def _raise(exc: Exception):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    return handler

@@ -17,6 +17,7 @@ from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.rollout.summarize import SummarizeConfig, Summarizer
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
 from terminus_env.sandbox import SandboxError, SandboxPool
+from terminus_env.serving.client import ServingError
 from terminus_env.tasks import Task, TaskError
 
 
@@ -59,7 +60,8 @@ class RolloutRunner:
         return list(await asyncio.gather(*(self.run_one(r) for r in rollouts)))
 
     async def run_one(self, rollout: Rollout) -> Trajectory:
-        """Play one episode to its end; never raises for sandbox or task failures (they become env errors)."""
+        """Play one episode to its end; never raises for sandbox, task or serving failures (they become env errors:
+        a replica whose engine died with this rollout's request in it fails this rollout, not the run)."""
         trajectory = Trajectory(rollout_id=rollout.rollout_id, task=rollout.task.name, group_id=rollout.group_id)
         started = time.monotonic()
         trajectory.started_at = time.time()
@@ -67,7 +69,7 @@ class RolloutRunner:
             env = TerminusEnv(rollout.task, sandbox_pool=self._sandbox_pool, **self._env_kwargs)
             try:
                 await self._play(env, rollout, trajectory, started)
-            except (SandboxError, TaskError) as exc:
+            except (SandboxError, TaskError, ServingError) as exc:
                 trajectory.error = f"{type(exc).__name__}: {exc}"
             finally:
                 await env.aclose()

@@ -1,4 +1,4 @@
-"""The host end of the control channel to a sandbox's daemon, by one of two routes (daemon.py, take_channel).
+"""The host end of the control channel to a sandbox's daemon, by one of two routes (inside/channel.py has the other).
 
 DIRECT, on a local engine: the host makes a folder of its own for the sandbox and listens on a socket there, the
 engine mounts the folder into the container, and the daemon connects once the container is split. One unix socket
@@ -19,23 +19,17 @@ no request and never the channel.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import enum
 import errno
-import functools
-import importlib.util
 import itertools
 import json
-import marshal
 import os
 import shutil
 import socket
 import struct
 import tempfile
-import zlib
 from collections.abc import Callable, Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -48,34 +42,18 @@ from terminus_env.sandbox.cleanup import REGISTRY
 from terminus_env.sandbox.errors import BrokenByAgent, ResourcesExhausted, SandboxError, SandboxLost
 from terminus_env.sandbox.owner import Owner, host_id
 
-# Package data, read through importlib.resources so it is found wherever the package is installed.
-DAEMON_SOURCE = resources.files("terminus_env.sandbox").joinpath("daemon.py").read_text(encoding="utf-8")
-"""The in-container code: the container's main process and the control daemon (see daemon.py)."""
 LOG_PREFIX = "terminus-env: "
-"""Starts every line the container's main process writes to the container's log (daemon.py has the same)."""
-SOURCE_VARIABLE, COMPILED_VARIABLE = "TERMINUS_SANDBOX_SOURCE", "TERMINUS_SANDBOX_COMPILED"
-"""The container's main process reads its code from these variables (and removes both from its environment):
-DAEMON_SOURCE, and the same compiled by this Python, each zlib-compressed and base64-encoded."""
-# The compiled code runs where the container's Python has this Python's bytecode magic (the same minor version);
-# any other compiles the source. Compiling costs ~30 ms of a start's CPU here.
-_MAIN_BOOTSTRAP = (
-    "import os,sys,zlib,binascii,marshal;"
-    "d=lambda n:zlib.decompress(binascii.a2b_base64(os.environ.pop(n)));"
-    f"s,c=d({SOURCE_VARIABLE!r}),d({COMPILED_VARIABLE!r});"
-    "m=sys.modules['_frozen_importlib_external'].MAGIC_NUMBER;"
-    "exec(marshal.loads(c[len(m):]) if c[:len(m)]==m else compile(s,'terminus-sandbox','exec'))"
-)
-MAIN_COMMAND = ["python3", "-I", "-S", "-c", _MAIN_BOOTSTRAP, "main"]
+"""Starts every line the container's main process writes to the container's log (inside/names.py has the same)."""
 CHANNEL_SOCKET = "/run/terminus/channel"
-"""Where the daemon waits for the relay: the host's side of the container only (daemon.py has the same)."""
+"""Where the daemon waits for the relay: the host's side of the container only (inside/names.py has the same)."""
 CHANNEL_DIR = "/run/terminus-channel"
-"""Where a DIRECT sandbox's channel folder is mounted in the container (daemon.py has the same)."""
+"""Where a DIRECT sandbox's channel folder is mounted in the container (inside/names.py has the same)."""
 LOCAL_ENGINE_URL = "http+docker://localhost"
 """docker-py's base URL for an engine on a unix socket (a TCP, SSH or named-pipe engine has another)."""
 
 
 class Route(enum.Enum):
-    """How the host reaches a sandbox's daemon (the main process's CHANNEL argument; daemon.py has both words)."""
+    """How the host reaches a sandbox's daemon (the main process's CHANNEL argument; inside/names.py has both)."""
 
     DIRECT = "direct"
     RELAY = "relay"
@@ -265,21 +243,6 @@ class Channel:
             self._folder.remove()
 
 
-@functools.cache
-def main_environment() -> dict[str, str]:
-    """The variables MAIN_COMMAND reads DAEMON_SOURCE from (made once per process)."""
-    return code_variables(DAEMON_SOURCE)
-
-
-def code_variables(source: str, magic: bytes = importlib.util.MAGIC_NUMBER) -> dict[str, str]:
-    """``source`` and its code compiled here (``magic`` first), as MAIN_COMMAND reads them."""
-    compiled = magic + marshal.dumps(compile(source, "terminus-sandbox", "exec"))
-    return {
-        SOURCE_VARIABLE: base64.b64encode(zlib.compress(source.encode(), 9)).decode(),
-        COMPILED_VARIABLE: base64.b64encode(zlib.compress(compiled, 9)).decode(),
-    }
-
-
 def _running(client: docker.DockerClient, container_id: str) -> bool:
     try:
         return bool(client.api.inspect_container(container_id)["State"]["Running"])
@@ -384,7 +347,14 @@ class ChannelFolder:
         REGISTRY.add_folder(path)
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.listener.bind(self.socket_path)
+            # Bound through a descriptor of the folder: the name a socket is bound to shows in /proc/net/unix of
+            # every network namespace it serves, the container's included, and the folder's path names this
+            # process's pid. Through /proc/self/fd the name says nothing.
+            folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                self.listener.bind(f"/proc/self/fd/{folder}/channel")
+            finally:
+                os.close(folder)
             os.chmod(self.socket_path, 0o600)
             self.listener.listen(1)
             self.listener.setblocking(False)

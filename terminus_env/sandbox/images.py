@@ -30,6 +30,7 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from terminus_env import config
 from terminus_env.config import ConfigError
+from terminus_env.process_group import end_group
 from terminus_env.sandbox import buildkit
 from terminus_env.sandbox.builders import Builder, BuilderChoice, builder_setting, choose_builder, failure_reason
 from terminus_env.sandbox.docker_client import connect
@@ -49,6 +50,7 @@ CONTEXT_LABEL = "terminus-env.context"
 """On task images: the build context folder it was built from, so prune can tell whose image it is."""
 TASK_REPOSITORY = "terminus-env/task-"
 _LOG_TAIL_LINES = 30
+STOP_WAIT_S = 30.0  # for what debootstrap started to be gone once killed
 _ROOTFS_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV LANG=C.UTF-8",
@@ -118,22 +120,22 @@ def _debootstrap_and_import(client: docker.DockerClient, tag: str, mirror: str, 
         raise ImageBuildError(tag, "debootstrap needs root: run `sudo terminus-env images base`")
     if shutil.which("debootstrap") is None:
         raise ImageBuildError(tag, "debootstrap is not installed: run `apt-get install debootstrap`, then retry")
-    with tempfile.TemporaryDirectory(prefix="terminus-rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
+    tmp = Path(tempfile.mkdtemp(prefix="terminus-rootfs-"))
+    still_running = False
+    try:
+        rootfs = tmp / "rootfs"
         command = [
             "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
             "bookworm", str(rootfs), mirror,
         ]  # fmt: skip
         log(f"running {' '.join(command)} (a few minutes)")
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            _unmount_below(rootfs)
-            log_tail = _tail(result.stdout + result.stderr)
-            raise ImageBuildError(tag, f"debootstrap exited with {result.returncode}", log_tail)
+        returncode, output = _run_whole(command, tag)
+        if returncode != 0:
+            raise ImageBuildError(tag, f"debootstrap exited with {returncode}", _tail(output))
         _unmount_below(rootfs)
         shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
         shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
-        archive = Path(tmp) / "rootfs.tar"
+        archive = tmp / "rootfs.tar"
         subprocess.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
         repository, _, version = tag.rpartition(":")
         log(f"importing the root file system as {tag}")
@@ -143,15 +145,51 @@ def _debootstrap_and_import(client: docker.DockerClient, tag: str, mirror: str, 
             raise ImageBuildError(tag, f"docker import failed: {exc}") from exc
         if not _image_exists(client, tag):
             raise ImageBuildError(tag, "docker import reported success but the image is missing")
+    except _StillRunning:
+        still_running = True
+        raise
+    finally:
+        # Only once nothing of debootstrap runs and nothing is mounted below it: an aborted run can leave the
+        # host's /proc, /sys or /dev/shm mounted in the target, and removing the folder would descend into them.
+        mounted = _unmount_below(tmp)
+        if mounted:
+            raise ImageBuildError(tag, f"{', '.join(mounted)} still mounted: unmount, then remove {tmp}")
+        if not still_running:
+            shutil.rmtree(tmp)
 
 
-def _unmount_below(root: Path) -> None:
-    """debootstrap mounts /proc and /sys in the target; an aborted run can leave them mounted."""
-    mounts = Path("/proc/mounts").read_text().splitlines()
-    for line in reversed(mounts):
-        target = line.split()[1]
-        if target.startswith(str(root) + "/"):
-            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+def _run_whole(command: list[str], tag: str) -> tuple[int, str]:
+    """Run ``command`` (building ``tag``) in a session of its own; its exit status and output. However this ends
+    (Ctrl-C included), nothing of it is left running: debootstrap's dpkg and chroot children would otherwise go on
+    writing into the folder that is removed next."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        output, _ = process.communicate()
+    finally:
+        left = end_group(process.pid, STOP_WAIT_S)
+        process.wait()
+        if left:  # over an interruption too: what they write into is not removed
+            raise _StillRunning(tag, f"{command[0]}'s processes {left} outlived SIGKILL for {STOP_WAIT_S:.0f} s")
+    return process.returncode, output
+
+
+class _StillRunning(ImageBuildError):
+    """What a build started did not die when killed; the folder it writes into stays."""
+
+
+def _unmount_below(root: Path) -> list[str]:
+    """Unmount (lazily) whatever is mounted below ``root``: debootstrap mounts /proc, /sys and, in a container, the
+    host's /dev entries in its target, and an aborted run leaves them. The mount points still there after."""
+    for target in reversed(_mounts_below(root)):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+    return _mounts_below(root)
+
+
+def _mounts_below(root: Path) -> list[str]:
+    prefix = str(root) + "/"
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    return [point for point in points if point.startswith(prefix)]
 
 
 def ensure_image(

@@ -3,7 +3,7 @@
 Created through the docker-py API with a cut-down capability set, no network unless the spec allows it (or has
 sidecars: then the episode's own network, see services.py), pids/memory/CPU limits, ``init``, no-new-privileges,
 owner labels, a capped log and a lifetime backstop. The
-container's main process (daemon.py, ``main``) splits it into the agent's side and the host's side before the
+container's main process (inside/main.py) splits it into the agent's side and the host's side before the
 image's ENTRYPOINT runs, on the agent's side, with the keep-alive command. Removed on close, at exit, on SIGTERM,
 when the owner dies (the daemon sees its channel close) and, failing all that, by the reaper.
 
@@ -33,15 +33,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
-from terminus_env.sandbox.channel import (
-    LOG_PREFIX,
-    MAIN_COMMAND,
-    Channel,
-    ChannelFolder,
-    Route,
-    channel_route,
-    main_environment,
-)
+from terminus_env.sandbox.channel import LOG_PREFIX, Channel, ChannelFolder, Route, channel_route
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
 from terminus_env.sandbox.docker_client import connect
@@ -49,8 +41,9 @@ from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, Sandbox
 from terminus_env.sandbox.owner import Owner, new_run_id
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
+from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
-from terminus_env.sandbox.tamper import Change, Finding, WatchReport, judge, queries
+from terminus_env.sandbox.tamper import Change, Finding, Relink, WatchReport, judge, link_candidates, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -194,22 +187,30 @@ class Sandbox:
     async def _judge_watch(self, report: WatchReport) -> tuple[Finding, ...]:
         """The rules of tamper.py over the watch's report, with the image's view and the lookups they ask for."""
         asked = queries(report, self.workdir)
-        changes: dict[str, Change] = {}
+        listed: dict[str, Change] = {}
         found: dict[str, Any] = {}
-        if asked.diff_paths:
-            changes = await asyncio.to_thread(self._changes, asked.diff_paths)
-        if asked.patterns:
-            found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
-        return judge(report, self.workdir, changes, found)
+        links: tuple[Relink, ...] = ()
+        if asked.diff_paths or asked.links:
+            listed = await asyncio.to_thread(self._changes)
+        candidates = link_candidates(listed, self.workdir) if asked.links else ()
+        if asked.patterns or candidates:
+            reply = await self._channel.request(
+                "lookup", _GRACE_S, patterns=list(asked.patterns), links=list(candidates)
+            )
+            found = reply["found"]
+            links = tuple(Relink(item["path"], item["target"], folder=bool(item.get("folder")))
+                          for item in reply.get("links", ()))  # fmt: skip
+        changes = {path: kind for path, kind in listed.items() if path in asked.diff_paths}
+        return judge(report, self.workdir, changes, found, links)
 
-    def _changes(self, paths: frozenset[str]) -> dict[str, Change]:
-        """Docker's diff of the writable layer, for ``paths``: how each differs from the image (absent: added)."""
+    def _changes(self) -> dict[str, Change]:
+        """Docker's diff of the writable layer: how each path it lists differs from the image (absent: unchanged)."""
         kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
         try:
             listed = self._client.api.diff(self.id) or []
         except DockerException as exc:
             raise SandboxError(f"cannot compare sandbox {self.id[:12]} with its image: {exc}") from exc
-        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed if entry["Path"] in paths}
+        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed}
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""
@@ -331,9 +332,9 @@ class Sandbox:
 def lost_by_agent(running: bool, oom_killed: bool, daemon_stderr: str) -> bool:
     """Whether a lost control daemon was the agent's doing. Nothing inside the container can see or signal the
     daemon, the container's init or its main process, and the OOM killer takes every process of the agent's and
-    the verifier's first (daemon.py); a traceback of ours in the daemon's stderr is our bug. So a daemon that died
-    while its container runs did so under the memory the agent holds, and a container that ended was stopped from
-    outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
+    the verifier's first (inside/processes.py); a traceback of ours in the daemon's stderr is our bug. So a daemon
+    that died while its container runs did so under the memory the agent holds, and a container that ended was
+    stopped from outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
     if "Traceback" in daemon_stderr:
         return False
     return running or oom_killed
@@ -442,7 +443,7 @@ def _create_in(
 
 
 class Network(enum.Enum):
-    """What the main process does about the network first (its NETWORK argument; daemon.py has the same words)."""
+    """What the main process does about the network first (its NETWORK argument; inside/names.py has the same words)."""
 
     HOSTS = "hosts"  # write the /etc/hosts Docker writes for a container without a network
     CUT_OFF = "cut-off"  # cut the container off the host, keeping its sidecars

@@ -31,7 +31,7 @@ LOG_LIMIT = {"max-size": "1m", "max-file": "1"}  # a container's log: its progra
 DAEMON_CAPABILITIES = ("SYS_ADMIN", "SYS_CHROOT", "SETPCAP", "NET_ADMIN", "LINUX_IMMUTABLE")
 """Added to the container for its main process and control daemon alone, which need them to split the container,
 to enter the agent's namespaces, to cut the container off the host and to hold the root folder still while the
-verifier runs; every other process in the container runs without them (see daemon.py)."""
+verifier runs; every other process in the container runs without them (see inside/seccomp.py)."""
 
 
 @dataclass(frozen=True)

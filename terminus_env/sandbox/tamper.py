@@ -1,28 +1,42 @@
-"""Did the verifier run what the agent changed? The rules that judge the daemon's watch of the verifier (no I/O).
+"""Did the verifier run what the agent provided? The rules that judge the daemon's watch of the verifier (no I/O).
 
 While the verifier runs, the sandbox daemon records every file its processes open or execute (fanotify), and
-reports those that changed in this container (see ``OpenWatch`` in daemon.py). Most are the task's state, which
-the verifier is meant to read: the agent's outputs, the programs it was asked to install. A few are the
-verifier's own runtime, which the agent must not choose:
+reports those the agent's side provided: changed in this container since it started, and not written by the
+verifier itself (see the watch in ``sandbox/inside/``). Most are the task's state, which the verifier is meant to
+read: the agent's outputs, the programs it was asked to install, the module the tests import. What the agent must
+not choose is the verifier's own runtime, and *when* code is loaded says which is which: until the verifier opens
+its first test file, every process it runs is the runner (the test script, the package manager that builds its
+environment, the interpreter and the test runner starting up), and code the agent provided that runs there decides
+the verdict instead of being judged by it. So:
 
-- ``runtime_modified``: a file of the image's runtime that the agent modified, and that the verifier ran or
-  loaded: the distribution's programs and libraries, interpreters and runners in ``/usr/local``, Python's
-  standard library, the test runner's packages;
-- ``startup_hook``: code that Python or the dynamic loader runs at every start, added or changed:
-  ``sitecustomize``/``usercustomize``, a ``.pth`` file with an ``import`` line, ``/etc/ld.so.preload``;
+- ``loaded_before_tests``: code the agent provided (a program, a module, a library, a zip Python imports from),
+  loaded before the tests began, whatever its name or folder; also code reached, before the tests began, through a
+  link the agent made (a package folder of links to the image's own files);
+- ``runtime_modified``: a file of the image's runtime that the agent modified, run or loaded at any time: the
+  distribution's programs and libraries, interpreters and runners in ``/usr/local``, Python's standard library, the
+  test runner's packages;
+- ``startup_hook``: code that Python or the dynamic loader runs at every start, added or changed, in any process:
+  ``sitecustomize``/``usercustomize``, a ``.pth`` file with an ``import`` line no installer writes,
+  ``/etc/ld.so.preload``;
 - ``runner_config``: a test-runner configuration above ``/tests`` (``/pytest.ini``, ``/conftest.py``, ...), or a
-  pytest plugin registered by an entry point;
+  pytest plugin registered by an entry point, read before the tests began;
 - ``shadowed``: a changed file that takes the place of one the image ships, by name, where the search finds it
   first: a program earlier on PATH, a standard or runner module in the working directory or a site folder, a
   shared library outside the distribution's folders;
-- ``redirected``: a link of the image's program or library folders pointed elsewhere, followed by the verifier;
-- ``changed_during``: code (a program, a module, a library) that the agent's side changed while the verifier ran
-  it: a file that comes and goes, or is renamed away once opened, is judged by when it changed, not by its name;
+- ``redirected``: a link of the image's program or library folders pointed at other code, followed by the verifier;
+- ``changed_during``: code that the agent's side changed while the verifier ran, loaded before the tests began or
+  part of the runtime: a file that comes and goes, or is renamed away once opened, is judged by when it changed;
+- ``reward_forged``: a process that ran code the agent provided (or that left the test script's process tree)
+  opened the reward file; the daemon refused it;
+- ``runner_killed``: the test script was killed by a signal the daemon did not send;
 - ``unwatched``: the watch lost events, so nothing the verifier ran can be vouched for.
 
+After the tests began, code the agent provided is what the tests exercise (its program run in a subprocess, its
+module imported by a test): that is the task, not tampering.
+
 Judging runs in three steps so that the I/O stays outside: :func:`queries` says which paths need the image's
-view (Docker's diff of the writable layer) and which glob patterns need a look in the container; :func:`judge`
-turns the answers into findings.
+view (Docker's diff of the writable layer), which glob patterns need a look in the container, and whether the
+agent's links need one; :func:`judge` turns the answers into findings.
 """
 
 from __future__ import annotations
@@ -37,7 +51,10 @@ from typing import Any
 
 from terminus_env.named import Named
 
-__all__ = ["Change", "Finding", "Queries", "Relink", "TamperKind", "UsedFile", "WatchReport", "judge", "queries"]
+__all__ = [
+    "Change", "Finding", "Queries", "Relink", "RewardOpen", "TamperKind", "UsedFile", "WatchReport", "judge",
+    "link_candidates", "queries",
+]  # fmt: skip
 
 
 class TamperKind(Named):
@@ -49,6 +66,9 @@ class TamperKind(Named):
     SHADOWED = "shadowed"
     REDIRECTED = "redirected"
     CHANGED_DURING = "changed_during"
+    LOADED_BEFORE_TESTS = "loaded_before_tests"
+    REWARD_FORGED = "reward_forged"
+    RUNNER_KILLED = "runner_killed"
     UNWATCHED = "unwatched"
 
 
@@ -72,15 +92,35 @@ class UsedFile:
     """The start of a ``.pth`` or ``entry_points.txt`` file: its lines decide what runs."""
     during: bool = False
     """Changed while the verifier ran, by another than the verifier."""
+    early: bool = True
+    """First opened before the verifier's tests began (the runner's own start); a report that does not say is read
+    as early."""
 
 
 @dataclass(frozen=True)
 class Relink:
-    """A link in a program or library folder, changed in this container, whose target the verifier opened."""
+    """A link the agent made, whose target the verifier opened: in a program, library or Python folder (found by
+    the daemon), or anywhere Python or the loader would follow it (found through Docker's diff)."""
 
     path: str
     target: str
     executed: bool = False
+    early: bool = True
+    """Its target was opened before the verifier's tests began."""
+    magic: bytes = b""
+    """The target's first bytes."""
+    folder: bool = False
+    """A link to a folder (its target is where the verifier opened files below it)."""
+
+
+@dataclass(frozen=True)
+class RewardOpen:
+    """An open of the reward file that the daemon refused: the process had run code the agent provided, or had
+    left the test script's process tree."""
+
+    path: str
+    pid: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -92,6 +132,11 @@ class WatchReport:
     complete: bool = True
     loaded: frozenset[str] = frozenset()
     """Every shared library the verifier's processes loaded, changed or not."""
+    early_code: frozenset[str] = frozenset()
+    """Every code file the verifier opened before its tests began, changed or not: where a link may have led."""
+    reward_refused: tuple[RewardOpen, ...] = ()
+    runner_signal: int | None = None
+    """The signal that killed the test script, when the daemon did not send it."""
 
     @classmethod
     def from_reply(cls, reply: Mapping[str, Any]) -> WatchReport:
@@ -99,12 +144,24 @@ class WatchReport:
 
         used = tuple(
             UsedFile(item["path"], bool(item["exec"]), bytes.fromhex(item.get("magic") or ""),
-                     None if item.get("head") is None else base64.b64decode(item["head"]), bool(item.get("during")))
+                     None if item.get("head") is None else base64.b64decode(item["head"]), bool(item.get("during")),
+                     bool(item.get("early", True)))
             for item in reply.get("used", ())
         )  # fmt: skip
-        relinked = tuple(Relink(item["path"], item["target"], bool(item["exec"])) for item in reply.get("relinked", ()))
-        complete = bool((reply.get("watch") or {}).get("complete", False))
-        return cls(used, relinked, complete, frozenset(reply.get("loaded", ())))
+        relinked = tuple(_relink(item) for item in reply.get("relinked", ()))
+        watch = reply.get("watch") or {}
+        refused = tuple(RewardOpen(r["path"], int(r["pid"]), r["why"]) for r in watch.get("reward_refused", ()))
+        signal = watch.get("runner_signal")
+        return cls(
+            used, relinked, bool(watch.get("complete", False)), frozenset(reply.get("loaded", ())),
+            frozenset(watch.get("early_code", ())), refused, None if signal is None else int(signal),
+        )  # fmt: skip
+
+
+def _relink(item: Mapping[str, Any]) -> Relink:
+    """A link as the daemon reports it (its ``lookup`` answers in the same shape)."""
+    return Relink(item["path"], item["target"], bool(item.get("exec")), bool(item.get("early", True)),
+                  bytes.fromhex(item.get("magic") or ""), bool(item.get("folder")))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -121,14 +178,16 @@ class Finding:
 
 @dataclass(frozen=True)
 class Queries:
-    """What :func:`judge` needs to know: the image's view of ``diff_paths``, and the matches of ``patterns``."""
+    """What :func:`judge` needs to know: the image's view of ``diff_paths``, the matches of ``patterns``, and, when
+    ``links``, the links the agent made among the paths Docker's diff lists (:func:`link_candidates`)."""
 
     diff_paths: frozenset[str]
     patterns: tuple[str, ...]
+    links: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.diff_paths and not self.patterns
+        return not self.diff_paths and not self.patterns and not self.links
 
 
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -170,11 +229,24 @@ _INSTALLER_PTH_LINES = (
         rb"'local'; enabled and __import__\('_distutils_hack'\)\.add_shim\(\);"
     ),
     re.compile(rb"import _virtualenv"),
+    # setuptools' namespace-package line (``*-nspkg.pth``): it makes empty module objects for the namespace's
+    # folders, and runs nothing else (its only calls are to the standard library's importlib, types and os).
+    re.compile(
+        rb"import sys, types, os;(?:has_mfs = sys\.version_info > \(3, 5\);)?p = os\.path\.join\(sys\._getframe\(1\)"
+        rb"\.f_locals\['sitedir'\], \*\((?:'[\w.]+', ?)+\)\);.*"
+    ),
 )
+_INSTALLER_HOOK_MODULE = re.compile(r"__editable___\w+_finder|_virtualenv")
+"""The modules the installers' .pth lines import at every start (and setuptools' ``_distutils_hack`` package): they
+can be written by the agent, a gap ``docs/notes/security.md`` states."""
+ZIP_MAGIC = b"PK\x03\x04"
+"""A zip archive: Python imports modules from one on its path (``/usr/lib/python311.zip`` comes before the standard
+library), and a ``.pth`` line can put one there."""
 
 
 def queries(report: WatchReport, workdir: str | None) -> Queries:
-    """Which paths need the image's view, and which patterns need a look, to judge ``report``."""
+    """Which paths need the image's view, which patterns need a look, and whether links need one, to judge
+    ``report``."""
     diff: set[str] = set()
     patterns: list[str] = []
     for used in report.used:
@@ -184,7 +256,24 @@ def queries(report: WatchReport, workdir: str | None) -> Queries:
     for link in report.relinked:
         diff.add(link.path)
         patterns.extend(_shadow_patterns(_as_used(link), workdir))
-    return Queries(frozenset(diff), tuple(dict.fromkeys(patterns)))
+    return Queries(frozenset(diff), tuple(dict.fromkeys(patterns)), links=bool(report.early_code))
+
+
+def link_candidates(paths: Iterable[str], workdir: str | None) -> tuple[str, ...]:
+    """Of the paths Docker's diff lists, those a link could hijack a load through: programs in PATH's folders,
+    shared libraries by name, and modules or packages below a folder Python imports from (any depth)."""
+    out = []
+    for path in paths:
+        folder, name = posixpath.split(path)
+        if folder in PATH_DIRS or _LIBRARY.fullmatch(name):
+            out.append(path)
+            continue
+        root = _import_root(path, workdir)
+        if root is not None:
+            parts = path[len(root) :].strip("/").split("/")
+            if all(part.isidentifier() for part in parts[:-1]) and _module_name(parts[-1]) is not None:
+                out.append(path)
+    return tuple(out)
 
 
 def judge(
@@ -192,18 +281,31 @@ def judge(
     workdir: str | None,
     changes: Mapping[str, Change] | None = None,
     found: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    links: Sequence[Relink] = (),
 ) -> tuple[Finding, ...]:
     """The findings: ``changes`` is Docker's diff for the paths :func:`queries` asked about (a path it does not list
     did not exist in the image, or came and went while the verifier ran), ``found`` the matches of its patterns
-    (``{"path", "changed"}`` each)."""
+    (``{"path", "changed"}`` each), ``links`` the links the agent made among :func:`link_candidates`."""
     changes, found = changes or {}, found or {}
     findings: list[Finding] = []
     if not report.complete:
         findings.append(Finding(TamperKind.UNWATCHED, "", "the verifier's watch lost events"))
+    for refused in report.reward_refused:
+        who = f"pid {refused.pid} {refused.why}" if refused.pid else refused.why
+        findings.append(Finding(TamperKind.REWARD_FORGED, refused.path, f"{who}: refused"))
+    if report.runner_signal is not None:
+        findings.append(Finding(TamperKind.RUNNER_KILLED, "", f"the test script was killed by signal "
+                                f"{report.runner_signal}, which the sandbox did not send"))  # fmt: skip
     for used in report.used:
-        findings.extend(_judge_used(used, workdir, changes, found, report.loaded))
+        found_here = list(_judge_used(used, workdir, changes, found, report.loaded))
+        findings.extend(found_here)
+        if not found_here and used.early and _loads_code(used):
+            findings.append(Finding(TamperKind.LOADED_BEFORE_TESTS, used.path, "code the agent provided, loaded by "
+                                    "the verifier before its tests began"))  # fmt: skip
     for link in report.relinked:
         findings.extend(_judge_link(link, workdir, changes, found))
+    for link in links:
+        findings.extend(_judge_agents_link(link, report.early_code))
     return tuple(dict.fromkeys(findings))
 
 
@@ -215,12 +317,12 @@ def _judge_used(
     loaded: frozenset[str],
 ) -> Iterable[Finding]:
     path, head = used.path, used.head or b""
-    yield from _judge_name(path, workdir, found, itself=path, executed=used.executed)
+    yield from _judge_name(path, workdir, found, itself=path, executed=used.executed, early=used.early)
     if path.endswith(".pth") and _pth_runs_code(head):
         yield Finding(TamperKind.STARTUP_HOOK, path, "a .pth file whose import line Python runs at every start")
-    if b"[pytest11]" in head:
+    if b"[pytest11]" in head and used.early:
         yield Finding(TamperKind.RUNNER_CONFIG, path, "registers a pytest plugin, which pytest loads on its own")
-    if used.during and _is_code(used):
+    if used.during and _is_code(used) and (used.early or _is_runtime(path)):
         yield Finding(TamperKind.CHANGED_DURING, path, "code the agent's side changed while the verifier ran it")
     if used.during and any(line.strip().decode("utf-8", "replace") in loaded for line in head.splitlines()):
         yield Finding(TamperKind.STARTUP_HOOK, path, "changed while the verifier ran, it names a library the "
@@ -232,15 +334,32 @@ def _judge_used(
 def _judge_link(
     link: Relink, workdir: str | None, changes: Mapping[str, Change], found: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> Iterable[Finding]:
-    if changes.get(link.path) is Change.MODIFIED:
+    if changes.get(link.path) is Change.MODIFIED and _is_code(UsedFile(link.target, link.executed, link.magic)):
         yield Finding(TamperKind.REDIRECTED, link.path, f"the image's link now leads to {link.target}")
-    for finding in _judge_name(link.path, workdir, found, itself=link.target, executed=link.executed):
+    for finding in _judge_name(link.path, workdir, found, itself=link.target, executed=link.executed,
+                               early=link.early):  # fmt: skip
         yield Finding(finding.kind, finding.path, f"a link to {link.target}: {finding.detail}")
+
+
+def _judge_agents_link(link: Relink, early_code: frozenset[str]) -> Iterable[Finding]:
+    """A link the agent made, where a program, a library or a module is looked up by name, to code the verifier
+    loaded before its tests: a program in PATH's folders, a library, a module file or a package folder."""
+    folder, name = posixpath.split(link.path)
+    if not (folder in PATH_DIRS or _LIBRARY.fullmatch(name)):
+        if not (name.isidentifier() if link.folder else _MODULE_FILE.fullmatch(name)):
+            return
+    if link.folder:
+        reached = any(path.startswith(link.target.rstrip("/") + "/") for path in early_code)
+    else:
+        reached = link.target in early_code
+    if reached:
+        yield Finding(TamperKind.LOADED_BEFORE_TESTS, link.path, f"a link the agent made, to {link.target}, which the "
+                      "verifier loaded before its tests began")  # fmt: skip
 
 
 def _judge_name(
     path: str, workdir: str | None, found: Mapping[str, Sequence[Mapping[str, Any]]], *, itself: str,
-    executed: bool = False,
+    executed: bool = False, early: bool = True,
 ) -> Iterable[Finding]:  # fmt: skip
     """The rules a file's name decides (the verifier reached ``itself`` by ``path``)."""
     name = posixpath.basename(path)
@@ -248,7 +367,7 @@ def _judge_name(
         yield Finding(TamperKind.STARTUP_HOOK, path, "Python imports this at every start")
     if path == LOADER_PRELOAD:
         yield Finding(TamperKind.STARTUP_HOOK, path, "the dynamic loader loads what it names into every program")
-    if posixpath.dirname(path) == "/" and name in RUNNER_CONFIGS:
+    if posixpath.dirname(path) == "/" and name in RUNNER_CONFIGS and early:
         yield Finding(TamperKind.RUNNER_CONFIG, path, "pytest reads it while looking for its configuration")
     for pattern in _shadow_patterns(UsedFile(path, executed), workdir):
         hidden = _unchanged_image_file(found.get(pattern, ()), itself)
@@ -286,6 +405,20 @@ def _is_runtime(path: str) -> bool:
     if any(path.startswith(root + "/") for root in DISTRIBUTION_LIB_DIRS):
         return True
     return folder == "/usr/local/lib" and name.startswith("libpython")
+
+
+def _loads_code(used: UsedFile) -> bool:
+    """Code, or a zip Python imports code from. A ``.pth`` file is judged by its lines (``_pth_runs_code``), and
+    the modules the installers' own lines import by their names (``INSTALLER_HOOK_MODULES``)."""
+    name = posixpath.basename(used.path)
+    if name.endswith(".pth") or _installer_hook_module(used.path):
+        return False
+    return _is_code(used) or used.magic.startswith(ZIP_MAGIC)
+
+
+def _installer_hook_module(path: str) -> bool:
+    module = _module_name(posixpath.basename(path)) or ""
+    return bool(_INSTALLER_HOOK_MODULE.fullmatch(module)) or "/_distutils_hack/" in path
 
 
 def _is_code(used: UsedFile) -> bool:
@@ -341,6 +474,16 @@ def _module_patterns(path: str, workdir: str | None) -> list[str]:
         return []
     forms = (f"{module}.py", f"{module}/__init__.py", f"{module}.*.so", f"{module}.so", f"{module}.pyc")
     return [f"{folder}/{form}" for folder in PYTHON_DIRS if not fnmatch.fnmatch(root, folder) for form in forms]
+
+
+def _import_root(path: str, workdir: str | None) -> str | None:
+    """The folder on Python's search path (a site or standard folder, a venv's, the working folder) below which
+    ``path`` lies, at any depth."""
+    prefix = _PYTHON_ROOT.match(path)
+    if prefix:
+        return prefix.group(0)
+    root = workdir or "/"
+    return root if path.startswith(root.rstrip("/") + "/") else None
 
 
 def _python_root(path: str, workdir: str | None) -> str | None:

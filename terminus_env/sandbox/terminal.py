@@ -1,7 +1,7 @@
 """The tmux terminal of a sandbox: typing keys, waiting only as long as a command runs, reading output.
 
 Every operation is one request on the sandbox's control channel; the wait for the shell to be
-idle runs inside the container (see daemon.py), so it ends within milliseconds of the prompt
+idle runs inside the container (see inside/terminal.py), so it ends within milliseconds of the prompt
 coming back instead of after the full duration. The terminal lives on the agent's side: when it
 stops working, that is what the agent did to it (TerminalGone), never a fault of the host.
 """

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy names below (the package
     from terminus_env.serving.client import (  # noqa: F401
         Completion,
         ContextLengthExceeded,
+        EngineDied,
         ReplicaClient,
         ReplicaUnavailable,
         ServingError,
@@ -25,6 +26,7 @@ _EXPORTS = {
     "Completion": "terminus_env.serving.client",
     "ServingError": "terminus_env.serving.client",
     "ContextLengthExceeded": "terminus_env.serving.client",
+    "EngineDied": "terminus_env.serving.client",
     "ReplicaUnavailable": "terminus_env.serving.client",
     "ReplicaClient": "terminus_env.serving.client",
     "EngineMetrics": "terminus_env.serving.metrics",
@@ -33,6 +35,7 @@ _EXPORTS = {
 __all__ = [
     "Completion",
     "ContextLengthExceeded",
+    "EngineDied",
     "EngineMetrics",
     "ReplicaClient",
     "ReplicaUnavailable",

@@ -2,7 +2,9 @@
 
 Every failure is one of two kinds a caller acts on differently: the request itself is bad
 (:class:`ContextLengthExceeded`, or another :class:`ServingError`) and retrying cannot help, or the
-replica is unavailable (:class:`ReplicaUnavailable`) and the same request may go elsewhere.
+replica is unavailable (:class:`ReplicaUnavailable`) and the same request may go elsewhere. A
+:class:`ReplicaUnavailable` also says whether the request may have reached the engine (``delivered``):
+one that did and took the engine down with it must not be sent to the next replica (the pool's rule).
 """
 
 from __future__ import annotations
@@ -29,7 +31,27 @@ class ContextLengthExceeded(ServingError):
 
 
 class ReplicaUnavailable(ServingError):
-    """The replica did not answer (connection error, timeout) or failed (5xx); try another one."""
+    """The replica did not answer (connection error, timeout) or failed (5xx); try another one.
+
+    ``delivered`` is False only when the request surely never reached the server (it could not connect);
+    otherwise the engine may have run it, and may have died of it.
+    """
+
+    def __init__(self, message: str, *, delivered: bool = True) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+
+
+class EngineDied(ServingError):
+    """A replica's engine died while it held this request (HTTP 5xx or a dropped connection, then no ``/health``).
+
+    The request is not sent to another replica: it may be what killed the engine, and replaying it could take
+    the whole fleet down one replica after another. The rollout fails; the other replicas keep serving.
+    """
+
+
+# httpx's errors raised before a byte of the request left: the server cannot have seen it.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 @dataclass(frozen=True)
@@ -95,10 +117,13 @@ class ReplicaClient:
         response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
         return self._completion(response)
 
-    async def health(self) -> bool:
-        """True when the server answers ``/health`` with 200; never raises."""
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """True when the server answers ``/health`` with 200 (within ``timeout_s`` when given); never raises."""
         try:
-            response = await self._http.get("/health")
+            if timeout_s is None:
+                response = await self._http.get("/health")
+            else:
+                response = await self._http.get("/health", timeout=httpx.Timeout(timeout_s))
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -153,9 +178,13 @@ class ReplicaClient:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
-            raise ReplicaUnavailable(f"{self.base_url}{path}: timed out ({type(exc).__name__})") from exc
+            raise ReplicaUnavailable(
+                f"{self.base_url}{path}: timed out ({type(exc).__name__})", delivered=not isinstance(exc, _NOT_SENT)
+            ) from exc
         except httpx.TransportError as exc:
-            raise ReplicaUnavailable(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+            raise ReplicaUnavailable(
+                f"{self.base_url}{path}: {type(exc).__name__}: {exc}", delivered=not isinstance(exc, _NOT_SENT)
+            ) from exc
         if response.status_code >= 500:
             raise ReplicaUnavailable(f"{self.base_url}{path}: HTTP {response.status_code}: {_error_message(response)}")
         if response.status_code >= 400:

@@ -12,6 +12,15 @@ Every replica gets ``--enable-prefix-caching`` (follow-up turns reuse their pref
 ``--logprobs-mode processed_logprobs``: vLLM's default reports raw logprobs, before temperature and
 top-p/top-k, which are not the probabilities the tokens were sampled from, so importance-sampling
 corrections in RL would be wrong. ``--logprobs-mode engine-default`` leaves vLLM's choice.
+
+CPU replicas also get ``--no-enable-chunked-prefill``: vLLM's CPU build crashes its engine on a request
+with a per-request ``seed`` whose prefill is split over steps (it rewinds the request's torch
+generator, and a CPU generator has no offset to rewind). Whether a prefill is split depends on what
+else shares the step, so the crash would come at random; with whole prefills it cannot happen
+(vLLM then sizes a step's token budget to the context length).
+
+A replica that dies while serving is restarted, up to ``--max-restarts`` times, while the others keep
+serving; ``ServingPool`` sees it come back on ``/health`` and loads the last synced weights into it.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import httpx
 
 from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
 from terminus_env.errors import TerminusError
+from terminus_env.process_group import end_group
 
+KILL_WAIT_S = 30.0  # for every process of a SIGKILLed replica to be gone
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
@@ -44,6 +55,15 @@ CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 CPU_KV_CACHE_VAR = "VLLM_CPU_KVCACHE_SPACE"
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 _GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's drivers
+_CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+WHOLE_PREFILL_NOTE = (
+    "CPU replicas prefill every prompt whole (--no-enable-chunked-prefill): vLLM's CPU build crashes on a request "
+    "with a per-request seed whose prefill is split"
+)
+CHUNKED_PREFILL_WARNING = (
+    "warning: --enable-chunked-prefill on CPU replicas: a request with a per-request `seed` whose prefill is split "
+    "crashes vLLM's CPU engine; send no per-request seeds to these replicas"
+)
 _OWNED_FLAGS = (
     "--model",
     "--port",
@@ -133,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--python", help="the Python interpreter that has vLLM installed (default: this one)", default=sys.executable
     )
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="times a replica that dies while serving is started again (the others keep serving meanwhile)",
+    )
     parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
     return parser
@@ -155,6 +181,8 @@ def plan(
     for name in ("dp", "tp", "port", "cpu_kv_cache_gib"):
         if getattr(args, name) < 1:
             raise LaunchError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
     if owned:
         raise LaunchError(
@@ -177,6 +205,8 @@ def plan(
             argv += ["--max-num-seqs", str(max_num_seqs)]
         if args.logprobs_mode != ENGINE_DEFAULT:
             argv += ["--logprobs-mode", args.logprobs_mode]
+        if on_cpu and not chunked_prefill_chosen(extra):
+            argv += ["--no-enable-chunked-prefill"]
         if on_cpu:
             env = {CPU_BIND_VAR: _id_list(cpus), CPU_KV_CACHE_VAR: str(args.cpu_kv_cache_gib)}
         else:
@@ -185,6 +215,11 @@ def plan(
             env[DEV_MODE_VAR] = "1"
         replicas.append(Replica(i, port, gpus, tuple(argv + list(extra)), cpus, env))
     return replicas
+
+
+def chunked_prefill_chosen(extra: Sequence[str]) -> bool:
+    """Whether the engine arguments after ``--`` already say whether to chunk prefills."""
+    return any(flag.split("=", 1)[0] in _CHUNKED_PREFILL_FLAGS for flag in extra)
 
 
 def _gpu_groups(args: argparse.Namespace, visible_gpus: str | None) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
@@ -275,7 +310,7 @@ def main(argv: list[str]) -> int:
             procs.append(_start(replica, args.log_dir))
         _wait_healthy(replicas, procs, args.startup_timeout)
         _print_endpoints(replicas, args.model, time.monotonic() - started)
-        return _watch(replicas, procs)
+        return _watch(replicas, procs, args.max_restarts, args.log_dir)
     except (KeyboardInterrupt, _Stop):
         print("terminus-env serve: stopping the replicas", file=sys.stderr)
         return 0
@@ -380,19 +415,45 @@ def _print_endpoints(replicas: list[Replica], model: str, startup_s: float) -> N
     print(f"terminus-env serve: {len(replicas)} replica(s) of {model} ready in {startup_s:.1f}s", flush=True)
     for r in replicas:
         print(f"  {r.url}  ({r.placement})", flush=True)
+    on_cpu = [r for r in replicas if not r.gpus]
+    if on_cpu and "--no-enable-chunked-prefill" in on_cpu[0].argv:
+        print(WHOLE_PREFILL_NOTE, flush=True)
+    elif on_cpu and "--enable-chunked-prefill" in on_cpu[0].argv:
+        print(CHUNKED_PREFILL_WARNING, file=sys.stderr, flush=True)
     flags = " ".join(f"--base-url {r.url}" for r in replicas)
     print(f"evaluate with: terminus-env eval --model {model} {flags}", flush=True)
 
 
-def _watch(replicas: list[Replica], procs: list[subprocess.Popen]) -> int:
-    """Block until Ctrl-C / SIGTERM (raised out of here) or until a replica dies (a LaunchError)."""
-    while True:
-        _check_alive(replicas, procs, "while serving")
+def _watch(replicas: list[Replica], procs: list[subprocess.Popen], max_restarts: int, log_dir: Path | None) -> int:
+    """Serve until Ctrl-C / SIGTERM (raised out of here). A replica that dies is started again, up to
+    ``max_restarts`` times, while the others keep serving; when none is left, return 1."""
+    restarts = [0] * len(replicas)
+    gone: set[int] = set()
+    while len(gone) < len(replicas):
+        for i, (replica, proc) in enumerate(zip(replicas, procs)):
+            code = proc.poll()
+            if i in gone or code is None:
+                continue
+            end_group(proc.pid, KILL_WAIT_S)  # what vLLM forked outlives the API server, holding its memory and log
+            what = f"terminus-env serve: replica {replica.index} ({replica.url}) exited with code {code} while serving"
+            if restarts[i] >= max_restarts:
+                gone.add(i)
+                left = len(replicas) - len(gone)
+                print(f"{what}; not restarted again ({max_restarts} restarts); {left} replica(s) left", file=sys.stderr)
+                continue
+            restarts[i] += 1
+            print(f"{what}; starting it again ({restarts[i]} of {max_restarts}), the others keep serving",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            procs[i] = _start(replica, log_dir)
         time.sleep(0.5)
+    print("terminus-env serve: no replica is left", file=sys.stderr)
+    return 1
 
 
 def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group."""
+    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group and wait until none of
+    it is alive: a worker that outlived its leader may still write to the replica's log or caches, which the caller
+    may remove as soon as this returns."""
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -402,8 +463,11 @@ def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             pass
     for proc in procs:
-        _signal_group(proc, signal.SIGKILL)  # stragglers, including workers whose leader already exited
+        left = end_group(proc.pid, KILL_WAIT_S)  # stragglers, including workers whose leader already exited
         proc.wait()
+        if left:
+            print(f"terminus-env serve: processes {left} of replica pid {proc.pid} outlived SIGKILL for "
+                  f"{KILL_WAIT_S:.0f}s", file=sys.stderr)  # fmt: skip
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

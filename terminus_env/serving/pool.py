@@ -2,8 +2,10 @@
 
 It keeps each session on one replica (its prefix cache lives there), places new sessions on the
 least-loaded replica (the :class:`Router`'s policy), caps live sessions through an optional
-admission controller, and survives replicas dying: a request that fails for want of a replica is
-retried on another, the dead one is probed on ``/health`` and takes new sessions when it is back.
+admission controller, and survives replicas dying: a request that could not reach its replica is
+retried on another, the dead one is probed on ``/health`` and takes new sessions when it is back. A
+request that reached an engine which then died is never replayed elsewhere (:class:`EngineDied`): it
+may be what killed it, and one such request must not take the fleet down replica by replica.
 A background task scrapes every replica's ``/metrics`` to keep the router and admission current.
 Every routing and admission decision goes through a :class:`Scheduler`, the same one the routing
 benchmark drives in virtual time. Between training steps, :meth:`ServingPool.sync_weights` pushes new
@@ -25,6 +27,7 @@ from terminus_env.serving.admission import Admission
 from terminus_env.serving.client import (
     Completion,
     ContextLengthExceeded,
+    EngineDied,
     ReplicaClient,
     ReplicaUnavailable,
     ServingError,
@@ -36,16 +39,19 @@ from terminus_env.serving.router import NoReplicaAvailable, Router
 from terminus_env.serving.scheduler import Scheduler
 from terminus_env.serving.weight_sync import WeightSource, WeightSync
 
-__all__ = ["Completion", "ContextLengthExceeded", "ReplicaUnavailable", "ServingError", "ServingPool"]
+__all__ = ["Completion", "ContextLengthExceeded", "EngineDied", "ReplicaUnavailable", "ServingError", "ServingPool"]
 
 log = logging.getLogger(__name__)
 _CHARS_PER_TOKEN = 4  # a rough prompt-size estimate until the server's count comes back
+HEALTH_PROBE_S = 10.0  # how long a replica has to answer /health after a request failed there
+RETRIES_AT_HEALTHY_REPLICAS = 2  # a request that failed at a replica still healthy afterwards is sent again this often
 
 
 @dataclass
 class _SessionState:
     trace_tokens: int = 0  # prompt + completion tokens of the last turn
     messages_seen: int = 0
+    turns: int = 0  # turns completed
 
 
 class ServingPool:
@@ -183,14 +189,16 @@ class ServingPool:
     ) -> Completion:
         """The session's next turn, on its replica; on a replica failure, the same turn elsewhere.
 
-        Raises :class:`ContextLengthExceeded` when the conversation no longer fits the model, and
-        :class:`ReplicaUnavailable` only when no replica has answered for ``failover_timeout_s``.
+        Raises :class:`ContextLengthExceeded` when the conversation no longer fits the model,
+        :class:`EngineDied` when the replica's engine died with this request in it (never replayed),
+        and :class:`ReplicaUnavailable` only when no replica has answered for ``failover_timeout_s``.
         """
         state = self._sessions.setdefault(session_id, _SessionState())
         estimate = state.trace_tokens + _new_chars(messages, state.messages_seen) // _CHARS_PER_TOKEN
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.failover_timeout_s
         last_error: Exception | None = None
+        retries_left = RETRIES_AT_HEALTHY_REPLICAS
         while True:
             replica = await self._route(session_id, group_id, deadline, last_error)
             await self._open.wait()  # a weight sync in progress holds the request until the new weights are in
@@ -200,7 +208,19 @@ class ServingPool:
                 completion = await self._at_replica(replica, messages, max_tokens, sampling)
             except ReplicaUnavailable as exc:
                 self.scheduler.failed(replica, session_id, estimate)
-                self._mark_down(replica, exc)
+                if exc.delivered:
+                    if not await self._clients[replica].health(HEALTH_PROBE_S):
+                        self._mark_down(replica, exc)
+                        message = _died_message(replica, session_id, state.turns, messages, sampling, exc)
+                        raise EngineDied(message) from exc
+                    if retries_left == 0:
+                        raise ServingError(
+                            f"session {session_id!r}: the request failed {RETRIES_AT_HEALTHY_REPLICAS + 1} times at "
+                            f"replicas that stayed healthy (last: {exc}); the request itself is what fails"
+                        ) from exc
+                    retries_left -= 1
+                else:
+                    self._mark_down(replica, exc)
                 self.failovers += 1
                 last_error = exc
                 continue
@@ -211,6 +231,7 @@ class ServingPool:
         self.scheduler.completed(replica, session_id, completion.prompt_tokens, completion.completion_tokens)
         state.trace_tokens = completion.prompt_tokens + completion.completion_tokens
         state.messages_seen = len(messages)
+        state.turns += 1
         return dataclasses.replace(completion, policy_version=version)
 
     async def _at_replica(self, replica: str, messages: list[dict], max_tokens: int, sampling: dict) -> Completion:
@@ -340,6 +361,26 @@ class ServingPool:
             log.warning("replica %s is down (%s); its sessions move to other replicas", name, error)
             self._down.add(name)
             self.scheduler.mark_down(name)
+
+
+def _died_message(
+    replica: str, session_id: str, turns: int, messages: list[dict], sampling: dict, error: ReplicaUnavailable
+) -> str:
+    """Names the request whose engine died, and what to look at."""
+    seeded = (
+        " It carried a per-request seed: vLLM's CPU build crashes on a seeded request whose prefill is split in "
+        "chunks (`terminus-env serve` turns chunked prefill off on the CPU; a server started otherwise needs "
+        "--no-enable-chunked-prefill)."
+        if sampling.get("seed") is not None
+        else ""
+    )
+    return (
+        f"replica {replica}'s engine died while it held session {session_id!r}'s request (turn {turns + 1}, "
+        f"{len(messages)} messages, {sum(len(message_text(m)) for m in messages)} characters, sampling "
+        f"{sampling or 'the defaults'}): {str(error).rstrip('.')}. The request is not sent to another replica, since "
+        f"it may be what killed the engine; the other replicas keep serving. The replica's log says why it died."
+        f"{seeded}"
+    )
 
 
 def _new_chars(messages: list[dict], seen: int) -> int:

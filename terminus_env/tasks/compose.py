@@ -2,8 +2,8 @@
 
 Harbor puts ``environment/docker-compose.yaml`` beside the Dockerfile; its service ``main`` is the agent's container
 and every other service is a sidecar. Terminal-Bench 1 puts ``docker-compose.yaml`` at the top of the task; its
-``client`` service is the agent's. Neither reads a compose file by another name (``docker-compose.yml``), and
-neither does this module. terminus-env starts these itself through the Docker API (see
+``client`` service is the agent's. Which file each harness reads, and with which variables, is
+``terminus_env.tasks.task_compose``; this module reads one file. terminus-env starts these itself through the Docker API (see
 ``terminus_env.sandbox.services``), so only the settings below are read:
 
 - honoured: ``build``, ``image``, ``command``, ``entrypoint``, ``environment``, ``env_file``, ``working_dir``,
@@ -36,14 +36,8 @@ from terminus_env.sidecars import Build, Condition, Dependency, Healthcheck, Ser
 from terminus_env.tasks.task import TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
 
-COMPOSE_FILE = "docker-compose.yaml"
-"""The one compose file both harnesses read: Harbor's in ``environment/`` (``harbor.environments.definition``
-0.26.0: ``COMPOSE_FILE_NAME``), Terminal-Bench 1's at the task's top (``TaskPaths.docker_compose_path``)."""
-UNREAD_COMPOSE_NAMES = ("docker-compose.yml", "compose.yaml", "compose.yml")
-"""Names Docker Compose would read, but neither harness does: such a file is data in the build context (one real
-task ships a deliberately broken ``docker-compose.yml`` for the agent to fix)."""
 HARBOR_MAIN = "main"
-TB1_MAIN = "client"
+"""Harbor's name for the agent's service, which its compose file may leave out (the Dockerfile is its build)."""
 DOCKER_DEFAULT_CAPABILITIES = frozenset(
     "CHOWN DAC_OVERRIDE FSETID FOWNER MKNOD NET_RAW SETGID SETUID SETFCAP SETPCAP NET_BIND_SERVICE SYS_CHROOT KILL "
     "AUDIT_WRITE".split()
@@ -74,7 +68,7 @@ _SECONDS_PER_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, 
 class ComposeEnvironment:
     """What a compose file says about an episode. None and empty mean the file leaves it to the task's defaults."""
 
-    services: Services | None
+    services: Services | None = None
     """None when the file defines no sidecar."""
     env: tuple[tuple[str, str], ...] = ()
     workdir: str | None = None
@@ -89,52 +83,6 @@ class ComposeEnvironment:
     main_context: Path | None = None
     """The folder whose Dockerfile the agent's image builds from, where the file says (Terminal-Bench 1's client
     may be built from a folder of its own, as in ``simple-web-scraper``)."""
-
-
-def find_compose_file(folder: Path) -> Path | None:
-    file = folder / COMPOSE_FILE
-    return file if file.is_file() else None
-
-
-def unread_compose_notes(folder: Path, harness: str) -> tuple[str, ...]:
-    """A note for each file beside the task's compose file that Docker Compose would read and ``harness`` does not."""
-    return tuple(
-        f"{folder / name} is not read as a compose file ({harness} reads only {COMPOSE_FILE}): it is a file like any "
-        "other in the build context"
-        for name in UNREAD_COMPOSE_NAMES
-        if (folder / name).is_file()
-    )
-
-
-def tb1_variables(task_name: str) -> dict[str, str]:
-    """What Terminal-Bench 1's harness sets for its compose files (names and folders; the mounts are ignored)."""
-    prefix = f"tb__{task_name}"
-    return {
-        "T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME": f"{prefix}__client",
-        "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME": f"{prefix}__client",
-        "T_BENCH_TASK_DOCKER_NAME_PREFIX": prefix,
-        "T_BENCH_TEST_DIR": "/tests",
-        "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
-        "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs",
-    }
-
-
-def harbor_variables(
-    task_name: str, environment_dir: Path, cpus: float | None, memory_mb: int | None
-) -> dict[str, str]:
-    """What Harbor sets for the compose files of a task (names, folders and limits; the mounts are ignored)."""
-    variables = {
-        "CONTEXT_DIR": str(environment_dir),
-        "MAIN_IMAGE_NAME": f"hb__{task_name}",
-        "ENV_VERIFIER_LOGS_PATH": "/logs/verifier",
-        "ENV_AGENT_LOGS_PATH": "/logs/agent",
-        "ENV_ARTIFACTS_PATH": "/logs/artifacts",
-    }
-    if cpus is not None:
-        variables["CPUS"] = f"{cpus:g}"
-    if memory_mb is not None:
-        variables["MEMORY"] = f"{memory_mb}M"
-    return variables
 
 
 def read_compose(

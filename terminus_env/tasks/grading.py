@@ -77,8 +77,9 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     from terminus_env.sandbox import ResourcesExhausted
 
     start = time.monotonic()
-    # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the run open.
-    command = f"bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1"
+    # Output goes to a file, not a pipe, so a process the verifier leaves behind cannot hold the run open. The test
+    # script replaces the shell that starts it, so a signal that kills it is seen (the watch's runner_killed).
+    command = f"exec bash {TESTS_DIR}/{task.verifier_script.name} > {TEST_STDOUT} 2>&1"
     run = await sandbox.verify(
         tests_archive(task), command, task.verifier_timeout_s,
         user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything

@@ -27,16 +27,7 @@ from terminus_env.limits import (
     MIN_MEMORY_MB,
     MIN_STORAGE_MB,
 )
-from terminus_env.tasks.compose import (
-    HARBOR_MAIN,
-    TB1_MAIN,
-    ComposeEnvironment,
-    find_compose_file,
-    harbor_variables,
-    read_compose,
-    tb1_variables,
-    unread_compose_notes,
-)
+from terminus_env.tasks.task_compose import read_harbor_compose, read_tb1_compose
 from terminus_env.tasks.harbor_fields import NetworkMode, mcp_section, network_mode, refusal, unknown_fields
 from terminus_env.tasks.task import Task, TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
@@ -162,14 +153,15 @@ def _load_harbor(path: Path) -> Task:
 
     docker_image = environment.string("docker_image")
     build_context = path / "environment"
-    compose_file = find_compose_file(build_context)
+    build_timeout = environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S)
+    cpus = environment.bounded("cpus", MIN_CPUS, MAX_CPUS)
+    memory_mb = environment.megabytes("memory_mb", "memory", MIN_MEMORY_MB, MAX_MEMORY_MB)
+    host = host_environment()
+    compose = read_harbor_compose(
+        build_context, path.name, prebuilt=docker_image is not None, cpus=cpus, memory_mb=memory_mb, host=host,
+        build_timeout_s=build_timeout,
+    )  # fmt: skip
     if docker_image is None and not (build_context / "Dockerfile").is_file():
-        if compose_file is not None:
-            raise TaskError(
-                f"{compose_file}: an environment given only as a compose file (no environment/Dockerfile and no "
-                "[environment] docker_image) is not supported: terminus-env builds the agent's container from "
-                "environment/Dockerfile and runs the compose file's other services beside it"
-            )
         raise TaskError(f"{build_context / 'Dockerfile'}: missing and [environment] docker_image unset")
 
     solve = path / "solution" / "solve.sh"
@@ -184,17 +176,7 @@ def _load_harbor(path: Path) -> Task:
     except ValueError as exc:
         raise TaskError(f"{toml_file}: field 'environment.mcp_servers': {exc}") from None
 
-    build_timeout = environment.seconds("build_timeout_sec", HARBOR_BUILD_TIMEOUT_S)
-    cpus = environment.bounded("cpus", MIN_CPUS, MAX_CPUS)
-    memory_mb = environment.megabytes("memory_mb", "memory", MIN_MEMORY_MB, MAX_MEMORY_MB)
-    host = host_environment()
-    compose = ComposeEnvironment(services=None)
-    if compose_file is not None:
-        variables = {**host, **harbor_variables(path.name, build_context, cpus, memory_mb)}
-        compose = read_compose(
-            compose_file, main=HARBOR_MAIN, main_build=build_context, variables=variables, image_prefix=path.name,
-            build_timeout_s=build_timeout,
-        )  # fmt: skip
+    main = compose.environment
     return Task(
         name=path.name,
         instruction=_read_text(instruction_file) + (mcp or ""),
@@ -208,12 +190,12 @@ def _load_harbor(path: Path) -> Task:
         agent_timeout_s=agent.seconds("timeout_sec", None),
         verifier_timeout_s=verifier.seconds("timeout_sec", HARBOR_VERIFIER_TIMEOUT_S),
         build_timeout_s=build_timeout,
-        cpus=compose.cpus if compose.cpus is not None else cpus,  # Harbor lays the task's compose file last
-        memory_mb=compose.memory_mb if compose.memory_mb is not None else memory_mb,
+        cpus=main.cpus if main.cpus is not None else cpus,  # Harbor lays the task's compose file last
+        memory_mb=main.memory_mb if main.memory_mb is not None else memory_mb,
         storage_mb=environment.megabytes("storage_mb", "storage", MIN_STORAGE_MB, MAX_STORAGE_MB),
-        allow_internet=network is not NetworkMode.NO_NETWORK and not compose.no_network,
-        env={**dict(compose.env), **environment.template_map("env", host)},
-        workdir=environment.string("workdir") or compose.workdir,
+        allow_internet=network is not NetworkMode.NO_NETWORK and not main.no_network,
+        env={**dict(main.env), **environment.template_map("env", host)},
+        workdir=environment.string("workdir") or main.workdir,
         agent_user=agent.user("user"),
         verifier_env=verifier.template_map("env", host),
         verifier_user=verifier.user("user"),
@@ -221,10 +203,10 @@ def _load_harbor(path: Path) -> Task:
         metadata=metadata,
         notes=(
             *(() if solve.is_file() else (f"{solve} missing: the oracle cannot run",)),
-            *unread_compose_notes(build_context, "Harbor"),
+            *compose.notes,
             *((f"fields outside Harbor's task.toml are ignored: {', '.join(unknown)}",) if unknown else ()),
         ),
-        **_compose_fields(compose),
+        **compose.task_fields(),
     )
 
 
@@ -252,14 +234,6 @@ def _refuse_unsupported_harbor(
     return mode
 
 
-def _compose_fields(compose: ComposeEnvironment) -> dict[str, Any]:
-    """The Task fields only a compose file sets."""
-    return {
-        "pids_limit": compose.pids_limit, "shm_size_mb": compose.shm_size_mb, "tmpfs": compose.tmpfs,
-        "extra_hosts": compose.extra_hosts, "services": compose.services,
-    }  # fmt: skip
-
-
 # --- Terminal-Bench 1 ----------------------------------------------------------------------------
 
 
@@ -277,17 +251,11 @@ def _load_tb1(path: Path) -> Task:
     parser = fields.string("parser_name") or "pytest"
     if parser != "pytest":
         raise TaskError(f"{yaml_file}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
-    compose_file = find_compose_file(path)
-    compose = ComposeEnvironment(services=None)
-    if compose_file is not None:
-        variables = {**host_environment(), **tb1_variables(path.name)}
-        compose = read_compose(
-            compose_file, main=TB1_MAIN, main_build=None, variables=variables, image_prefix=path.name,
-            build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
-        )  # fmt: skip
-    build_context = compose.main_context or path  # the client's own folder, as in simple-web-scraper
+    compose = read_tb1_compose(path, host=host_environment(), build_timeout_s=HARBOR_BUILD_TIMEOUT_S)
+    main = compose.environment
+    build_context = main.main_context or path  # the client's own folder, as in simple-web-scraper
     if not (build_context / "Dockerfile").is_file():
-        where = "the folder its docker-compose.yaml builds the client from" if compose.main_context else "its top"
+        where = "the folder its docker-compose.yaml builds the client from" if main.main_context else "its top"
         raise TaskError(f"{build_context / 'Dockerfile'}: missing; a Terminal-Bench 1 task builds from a Dockerfile "
                         f"in {where}")  # fmt: skip
     run_tests = path / "run-tests.sh"
@@ -308,7 +276,7 @@ def _load_tb1(path: Path) -> Task:
     unknown = {k: v for k, v in fields.raw.items() if k not in _KNOWN_TB1}
     if unknown:
         metadata["unknown_fields"] = unknown
-    notes.extend(unread_compose_notes(path, "Terminal-Bench 1"))
+    notes.extend(compose.notes)
     return Task(
         name=path.name,
         instruction=instruction,
@@ -321,15 +289,15 @@ def _load_tb1(path: Path) -> Task:
         agent_timeout_s=fields.seconds("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S),
         verifier_timeout_s=fields.seconds("max_test_timeout_sec", TB1_TEST_TIMEOUT_S),
         build_timeout_s=HARBOR_BUILD_TIMEOUT_S,
-        cpus=compose.cpus,
-        memory_mb=compose.memory_mb,
-        allow_internet=not compose.no_network,
-        env=dict(compose.env),
-        workdir=compose.workdir,
+        cpus=main.cpus,
+        memory_mb=main.memory_mb,
+        allow_internet=not main.no_network,
+        env=dict(main.env),
+        workdir=main.workdir,
         verifier_env={"TEST_DIR": "/tests"},
         metadata=metadata,
         notes=tuple(notes),
-        **_compose_fields(compose),
+        **compose.task_fields(),
     )
 
 

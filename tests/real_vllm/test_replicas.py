@@ -17,6 +17,7 @@ from vllm_cpu import EveryRequestRoundRobin, hit_rate
 from vllm_support import MODEL_NAME
 
 from terminus_env.serving import ReplicaClient, ServingPool
+from terminus_env.serving.launcher import WHOLE_PREFILL_NOTE
 from terminus_env.serving.serve_process import free_ports
 
 
@@ -67,6 +68,10 @@ def test_pool_routes_on_real_metrics_keeps_sessions_sticky_and_beats_round_robin
     for m in scraped.values():  # the numbers available_kv placement reads
         assert m.num_gpu_blocks > 0 and m.block_size > 0 and m.kv_capacity_tokens > 8192 and m.kv_cache_usage == 0.0
 
+    # The workload sends per-request seeds. vLLM's CPU engine crashes on a seeded request whose prefill is split over
+    # steps, which depends on what shares a step (timing); `serve` starts CPU replicas with whole prefills, so the
+    # seeds are safe here whatever the timing (tests/real_vllm/test_engine_death.py shows both sides).
+    assert WHOLE_PREFILL_NOTE in fleet.lines
     sticky, placed = asyncio.run(hit_rate(fleet.urls, "available_kv", seed=1))
     assert all(len(set(replicas)) == 1 for replicas in placed.values()), placed  # every turn on its first replica
     assert {replicas[0] for replicas in placed.values()} == set(fleet.urls)  # and both replicas used

@@ -35,9 +35,11 @@ async def probe(url: str):
     return c, hits
 
 
-def launch(model_dir: Path, log_dir: Path, *, dp: int, engine_args: tuple[str, ...] = ()) -> ServeProcess:
+def launch(
+    model_dir: Path, log_dir: Path, *, dp: int, engine_args: tuple[str, ...] = (), serve_args: tuple[str, ...] = ()
+) -> ServeProcess:
     """``terminus-env serve --dp DP`` on the CPU with ``--weight-sync``; returns once every replica answers."""
     args = ["--model", str(model_dir), "--dp", str(dp), "--port", str(free_ports(dp)), "--host", "127.0.0.1",
-            "--device", "cpu", "--weight-sync", "--", *ENGINE_ARGS, *engine_args]  # fmt: skip
+            "--device", "cpu", "--weight-sync", *serve_args, "--", *ENGINE_ARGS, *engine_args]  # fmt: skip
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     return ServeProcess(args, log_dir, env, timeout_s=START_TIMEOUT_S).start()

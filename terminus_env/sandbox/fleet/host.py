@@ -7,7 +7,7 @@ an ordinary local :class:`Sandbox` on this node, so the speed and the security o
 takes (outside the host's slots, ``max_warm`` of them at most).
 
 Its containers' owner is this actor's worker process: when that process dies, SIGKILL included, the kernel closes
-its control channels and each container's daemon stops its container (see daemon.py). The class needs no Ray; the
+its control channels and each container's daemon stops its container (see inside/daemon.py). The class needs no Ray; the
 pool makes it an actor (``ray.remote``) and calls its methods.
 """
 
@@ -198,9 +198,7 @@ class SandboxHost:
 
     async def _build(self, source: ImageSource, client: docker.DockerClient) -> str:
         context = await source.context[0]  # fetched from the object store only now, and only here
-        with tempfile.TemporaryDirectory(prefix="terminus-context-") as folder:
-            await asyncio.to_thread(_unpack, context, Path(folder))
-            tag = await asyncio.to_thread(ensure_image, Path(folder), source.name, source.build_timeout_s, client)
+        tag = await asyncio.to_thread(_build_from, context, source, client)
         self._images[source.key] = tag
         return tag
 
@@ -216,6 +214,14 @@ def _state(sandbox: Sandbox, with_stderr: bool = False) -> SandboxState:
         violation=None if violation is None else error_to_wire(violation),
         daemon_stderr=sandbox.daemon_stderr if with_stderr else "",
     )
+
+
+def _build_from(context: bytes, source: ImageSource, client: docker.DockerClient) -> str:
+    """Unpack a build context and build it, in one thread: the folder goes only once the build stopped reading it,
+    even when the coroutine that asked is cancelled meanwhile."""
+    with tempfile.TemporaryDirectory(prefix="terminus-context-") as folder:
+        _unpack(context, Path(folder))
+        return ensure_image(Path(folder), source.name, source.build_timeout_s, client)
 
 
 def _unpack(data: bytes, folder: Path) -> None:

@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--weight-sync", action="store_true", help="serve vLLM's weight-update endpoints (pause, collective_rpc, ...)"
     )
     serve.add_argument(
+        "--crash-on",
+        metavar="TEXT",
+        help="a request whose last message holds TEXT kills its engine (HTTP 500 to every request it holds, /health "
+        "503 from then on), as a request that crashes vLLM's engine core does",
+    )
+    serve.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="a Hugging Face tokenizer folder with a chat template (needs transformers): prompts and replies get the "
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             engine=engine,
             time_scale=args.time_scale,
             weight_sync=args.weight_sync,
+            crash_on=args.crash_on,
         )
         replies = _reply_source(args)
         tokenizer = _tokenizer(args.tokenizer)

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from terminus_env.serving.client import message_text
 from terminus_env.serving.sim.engine import SimConfig, SimFinished, SimReplica, SimRequest, UnknownRequest
 from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
 from terminus_env.serving.sim.http import Request, Response, serve_connection
@@ -30,6 +31,7 @@ from terminus_env.serving.sim.replies import ReplySource, default_reply
 from terminus_env.serving.sim.tokenizer import ChatTokenizer, ToyTokenizer
 
 DP_RANK_HEADER = "x-data-parallel-rank"
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."  # vLLM's words
 SYSTEM_FINGERPRINT = "vllm-sim"
 REPLICA_HEADER = "x-sim-replica"
 
@@ -41,6 +43,9 @@ class ServerConfig:
     engine: SimConfig = field(default_factory=SimConfig)
     time_scale: float = 1.0  # real seconds per simulated second; 0 runs as fast as the loop can
     weight_sync: bool = False  # serve vLLM's weight-update endpoints, as `vllm serve` does with VLLM_SERVER_DEV_MODE=1
+    # A request whose last message holds this text kills its engine, as a request that crashes vLLM's engine core
+    # does: every request the engine holds then fails with HTTP 500, and /health answers 503 from then on.
+    crash_on: str | None = None
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -98,14 +103,19 @@ class _EngineDriver:
         try:
             await self._loop()
         except Exception as exc:  # a dead engine fails its requests and /health, as vLLM's EngineDeadError does
-            self.dead = exc
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(exc)
-            self._pending.clear()
+            self.die(exc)
+
+    def die(self, exc: Exception) -> None:
+        """Fail every request the engine holds and every later one with ``exc``."""
+        self.dead = exc
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._pending.clear()
+        self._wake.set()
 
     async def _loop(self) -> None:
-        while True:
+        while self.dead is None:
             if not self.replica.has_work():
                 self._wake.clear()
                 await self._wake.wait()
@@ -312,6 +322,8 @@ class SimServer:
             raise _ApiError(500, f"reply source failed: {type(exc).__name__}: {exc}") from exc
         request_id = f"chatcmpl-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         driver = self._pick_engine(request.headers.get(DP_RANK_HEADER))
+        if self.config.crash_on is not None and self.config.crash_on in message_text(messages[-1]):
+            driver.die(RuntimeError(ENGINE_DEAD_MESSAGE))
         # The reply's tokens and then the end-of-turn token, which vLLM counts as generated.
         output_ids = (*(token for _, token in reply), self._tokenizer.end_of_turn[1])
         # vLLM's ignore_eos generates max_tokens whatever the model says, and finishes with "length".

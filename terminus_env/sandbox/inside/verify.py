@@ -1,0 +1,162 @@
+"""The verifier's run (op ``verify``): fresh private folders, the verifier in its own namespaces with the root folder
+held still (FrozenRoot) and what it opens watched (watch.py), then the files it wrote and the limits the container
+hit meanwhile."""
+
+import base64
+import fcntl
+import os
+import struct
+import time
+
+from .private_folders import NotRegular, _b64, _empty_dir
+from .watch import OpenWatch
+
+# The container's own counters of forks refused at the pids limit and of OOM kills (cgroup v1, then v2).
+LIMIT_COUNTERS = {
+    "pids": (("/sys/fs/cgroup/pids/pids.events", "max"), ("/sys/fs/cgroup/pids.events", "max")),
+    "memory": (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")),
+}
+
+
+def limit_counters():
+    """{limit: count} of the times the container hit its pids or memory limit so far (where the kernel says)."""
+    counts = {}
+    for limit, places in LIMIT_COUNTERS.items():
+        for path, key in places:
+            try:
+                with open(path) as handle:
+                    for line in handle:
+                        name, _, value = line.partition(" ")
+                        if name == key:
+                            counts[limit] = int(value)
+            except (OSError, ValueError):
+                continue
+            if limit in counts:
+                break
+    return counts
+
+
+def op_verify(daemon, req):
+    with daemon.verifying:  # one at a time: each holds the root folder still and empties the same folders
+        return _verify(daemon, req)
+
+
+def _verify(daemon, req):
+    """Fresh /tests (from the tar the host sent) and /logs/verifier, the verifier run in its own namespaces, then
+    the files it wrote, which limits the container hit while it ran (a verifier starved of pids or memory proves
+    nothing), and what it ran that changed in this container (see OpenWatch).
+
+    The folders are the verifier side's own tmpfs mounts, held open since the daemon started: before and after the
+    run, the path the verifier uses must still lead to them, else the agent's side tampered with them (it cannot:
+    see _shield_private_folders) and nothing of the run is trusted. What the verifier leaves running is stopped
+    before its files are read."""
+    # What changes from here on, by another than the verifier, changed while it ran. No margin: a change made
+    # before this moment has an older ctime (the kernel's coarse clock only ever lags), and the verifier starts
+    # milliseconds later, after the folders, the tests and the freeze.
+    window = time.time()
+    before = limit_counters()
+    verifier_root = "/proc/{}/root".format(daemon.verifier_init)
+    for folder in daemon.private.values():
+        folder.check()
+        folder.check(verifier_root)
+        folder.empty()
+    tests = base64.b64decode(req["tests"])
+    if tests:
+        daemon.private["/tests"].unpack(tests)
+    caches = FreshCaches()
+    env = dict(caches.environment, **(req.get("env") or {}))
+    frozen = FrozenRoot()
+    try:
+        watch = OpenWatch(daemon, window)
+        try:
+            result = daemon.run(
+                ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=env,
+                cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain, wake=watch.fds,
+            )  # fmt: skip
+            daemon.stop_verifier_leftovers(tick=watch.drain)
+            watched = watch.finish(daemon, req.get("workdir") or "/")
+            watch.check_rewards(daemon.private["/logs/verifier"].fd)
+            watched["watch"]["runner_signal"] = result.pop("signal")
+        finally:
+            watch.close()
+    finally:
+        frozen.thaw()
+        caches.remove()
+    for folder in daemon.private.values():
+        folder.check()
+        folder.check(verifier_root)
+    max_bytes = int(req.get("max_bytes", 4000000))
+    result["files"], result["refused"] = {}, {}
+    for path in req.get("read", []):
+        try:
+            result["files"][path] = _b64(daemon.read_private(path, max_bytes))
+        except NotRegular as exc:
+            result["files"][path] = None
+            result["refused"][path] = str(exc)
+    after = limit_counters()
+    result["limits_hit"] = sorted(limit for limit, count in after.items() if count > before.get(limit, count))
+    result.update(watched)
+    return result
+
+
+CACHE_PARENT = "/tmp"
+
+
+class FreshCaches:
+    """Empty caches for the verifier's package managers, one folder per run: uv links what it installs from its
+    cache, so with the agent's cache the verifier's own venv would be made of files the agent wrote (or changed),
+    and pip and uv would install what the agent put there. A task that sets these variables itself keeps its own.
+    Nothing here is trusted more for being fresh: the watch still judges every file by who wrote it."""
+
+    VARIABLES = {"UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip"}
+
+    def __init__(self):
+        self.path = None
+        self.environment = {}
+        try:
+            path = os.path.join(CACHE_PARENT, ".terminus-verifier-" + os.urandom(8).hex())
+            os.mkdir(path)
+            self.path = path
+            os.chmod(path, 0o777)  # whatever user the verifier runs as (no name is resolved here: see credentials)
+        except OSError:
+            return  # no /tmp: the verifier runs with its own settings
+        self.environment = {name: os.path.join(self.path, sub) for name, sub in self.VARIABLES.items()}
+
+    def remove(self):
+        if self.path is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                _empty_dir(fd)
+            finally:
+                os.close(fd)
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+class FrozenRoot:
+    """The root folder's own entries, immutable while the verifier runs (the inode's flag, so for every side): no
+    `/pytest.ini` or `/conftest.py` can come and go, and no top-level folder can be renamed, in the meantime. Its
+    subfolders stay writable, for the services the tests query and for the verifier itself."""
+
+    def __init__(self):
+        self.fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.flags = struct.unpack("i", fcntl.ioctl(self.fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+            fcntl.ioctl(self.fd, FS_IOC_SETFLAGS, struct.pack("i", self.flags | FS_IMMUTABLE_FL))
+        except OSError as exc:
+            os.close(self.fd)
+            raise OSError(exc.errno, "cannot make the root folder immutable while the verifier runs ({}); the "
+                                     "storage driver's file system must support it (ext4, xfs, btrfs)".format(
+                                         exc.strerror)) from None  # fmt: skip
+
+    def thaw(self):
+        try:
+            fcntl.ioctl(self.fd, FS_IOC_SETFLAGS, struct.pack("i", self.flags))
+        finally:
+            os.close(self.fd)

@@ -1,0 +1,380 @@
+"""What the verifier ran (OpenWatch): fanotify on the verifier's and the agent's mounts while the verifier runs, who
+opened the reward, and the links changed in this container whose targets it opened."""
+
+import ctypes
+import errno
+import glob
+import os
+import stat
+import struct
+import time
+
+from .kernel import _libc
+from .names import RUN_DIR
+from .private_folders import _b64
+from .processes import _stat_fields
+
+FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE, FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x2, 0x10, 0x1, 0x10
+FAN_CLASS_CONTENT = 0x4
+FAN_CLOSE_WRITE, FAN_OPEN, FAN_Q_OVERFLOW, FAN_OPEN_EXEC, FAN_OPEN_PERM = 0x8, 0x20, 0x4000, 0x1000, 0x10000
+FAN_ALLOW, FAN_DENY = 0x1, 0x2
+_EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
+_RESPONSE = struct.Struct("iI")  # struct fanotify_response
+TESTS_FOLDER = "/tests"
+REWARD_FOLDER = "/logs/verifier"
+REWARD_FILES = ("reward.txt", "reward.json")
+_UNWATCHED = ("/proc", "/sys", "/dev", RUN_DIR, REWARD_FOLDER)  # no file there is the agent's to change
+MAX_WATCHED_FILES = 200000
+MAX_EARLY_CODE = 20000  # code files opened before the tests began, listed for the rules (a link may lead there)
+GROUP_WAIT_S = 60.0  # how long a verifier waits for a fanotify group when the host's are all in use
+HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decide what runs
+_READ_HEADS = (".pth", "/entry_points.txt")
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
+CODE_MAGIC = (b"\x7fELF", b"#!", b"PK\x03\x04")  # a program, a script, a zip Python imports from
+# Modules the installers' own .pth lines import at every start; judged by name on the host (tamper.py).
+_INSTALLER_HOOKS = ("__editable___", "_virtualenv.", "/_distutils_hack/")
+PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
+                         "/usr/lib/*-linux-gnu*", "/usr/lib/python3*", "/usr/lib/python3*/*-packages",
+                         "/usr/local/lib/python3*", "/usr/local/lib/python3*/*-packages", "/etc", "/etc/python3*",
+                         "/root/.local/lib/python3*/site-packages")  # fmt: skip
+MAX_LISTED = 2000  # libraries the verifier loaded, listed for the rules
+_STARTTIME = 19  # /proc/<pid>/stat's field 22, counted after the command name
+
+
+class OpenWatch:
+    """Every file the verifier's processes open or execute while it runs, every file either side writes, and who
+    opens the reward.
+
+    Three fanotify groups. Two only take notice (nothing is blocked): one on every mount of the verifier's
+    namespace, one on every mount of the agent's. An event carries an open descriptor of the file, so what is
+    recorded is the file the verifier really opened, wherever it was reached from and however briefly it existed.
+    A file counts as the agent's (changed in this container) when its ctime is newer than the daemon, or the
+    agent's side wrote it while the verifier ran; a file only the verifier itself wrote is its own. What the
+    verifier opens before its first test file (a Python file in /tests, or a ``test_*.py``/``*_test.py`` it did
+    not write itself, such as the project's own tests) is opened ``early``: the runner starting up.
+
+    A process that executed or opened code the agent provided, and every process below it, ran the agent's code.
+    The third group asks before every open in /logs/verifier (fanotify's permission events): the reward files are
+    opened only by the test script's own processes, never by one that ran the agent's code or that outlived its
+    parent (orphans belong to no test script); such an open is refused, and any file such a process opened there
+    cannot become the reward by a rename. The notices queued before that question are read first, so what a
+    process ran is known before it asks."""
+
+    def __init__(self, daemon, window):
+        self.daemon = daemon
+        self.groups = []
+        self.window = window  # when the verifier's run began
+        self.opened = {}  # (dev, ino) -> record
+        self.written = {"verifier": set(), "agent": set()}
+        self.complete = True
+        self.events = 0
+        self.exec_events = True
+        self.order = 0  # events recorded so far: a file's first open is told apart from the first test file's
+        self.test_files = []  # (order, key, path, in /tests) of the test files opened
+        self.ran_agents_code = {}  # (pid, start time) -> the agent's file it ran
+        self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
+        self.reward_refused = []
+        try:
+            verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
+            self.groups.append(("verifier", self._group(daemon.roots["verifier"], verifier_mask)))
+            self.groups.append(("agent", self._group(daemon.roots["agent"], FAN_CLOSE_WRITE)))
+            self.groups.append(("reward", self._group(daemon.roots["verifier"], FAN_OPEN_PERM, only=REWARD_FOLDER)))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def fds(self):
+        """The groups' descriptors: readable when an event waits (a permission event holds its opener until read)."""
+        return [fd for _, fd in self.groups]
+
+    def _group(self, side, mask, only=None):
+        init_fn = getattr(_libc, "fanotify_init", None)
+        if init_fn is None:
+            raise OSError(errno.ENOSYS, "no fanotify_init in the C library: the verifier cannot be watched")
+        flags = FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE | (FAN_CLASS_CONTENT if mask & FAN_OPEN_PERM else 0)
+        deadline = time.monotonic() + GROUP_WAIT_S
+        while True:
+            fd = init_fn(flags, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
+            code = ctypes.get_errno()
+            if fd >= 0 or code != errno.EMFILE or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # every verifier on this host holds three groups: wait for one to finish
+        if fd < 0 and code == errno.EMFILE:
+            raise OSError(code, "fanotify_init: every fanotify group of the host's root is in use (each running "
+                                "verifier holds three): raise it on the sandbox host, e.g. `sysctl -w "
+                                "fs.fanotify.max_user_groups=8192`")  # fmt: skip
+        if fd < 0:
+            raise OSError(code, "fanotify_init: {} (the verifier is watched with fanotify: Linux >= 5.0 with "
+                                "CONFIG_FANOTIFY)".format(os.strerror(code)))  # fmt: skip
+        root, points = side
+        for point in points if only is None else [only]:
+            if only is None and any(point == skip or point.startswith(skip + "/") for skip in _UNWATCHED):
+                continue
+            path = (point.lstrip("/") or ".").encode()  # resolved from the side's root, in its own mount tree
+            if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), root, path) != 0:
+                code = ctypes.get_errno()
+                if code == errno.EINVAL and mask & FAN_OPEN_EXEC:  # Linux < 5.0: no exec events, opens only
+                    mask &= ~FAN_OPEN_EXEC
+                    self.exec_events = False
+                    if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), root, path) == 0:
+                        continue
+                    code = ctypes.get_errno()
+                if code in (errno.ENOENT, errno.EACCES) and only is None:  # made unreachable by the agent: a gap
+                    self.complete = False
+                    continue
+                os.close(fd)
+                raise OSError(code, "fanotify_mark {}: {}".format(point, os.strerror(code)))
+        return fd
+
+    def drain(self):
+        """Read every event queued so far, and answer every question (the verifier's thread calls this as soon as
+        a group has one, and a few times a second besides)."""
+        for side, group in self.groups:
+            self._drain(side, group)
+
+    def _drain(self, side, group):
+        while True:
+            try:
+                data = os.read(group, 65536)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)
+                offset += max(length, _EVENT.size)
+                self.events += 1
+                if mask & FAN_Q_OVERFLOW or fd < 0:
+                    self.complete = False
+                    continue
+                try:
+                    if side == "reward":
+                        self._answer(group, fd, pid)
+                    else:
+                        self._record(side, mask, fd, pid)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+
+    def _record(self, side, mask, fd, pid):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        key = (info.st_dev, info.st_ino)
+        if mask & FAN_CLOSE_WRITE:
+            self.written[side].add(key)
+        if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
+            return
+        self.order += 1
+        record = self.opened.get(key)
+        if record is None:
+            path = _path(fd, info)
+            in_tests = path.startswith(TESTS_FOLDER + "/")
+            if _is_test_file(path, in_tests):
+                self.test_files.append((self.order, key, path, in_tests))
+            if in_tests:  # the verifier's own, fresh each run
+                return
+            if len(self.opened) >= MAX_WATCHED_FILES:
+                self.complete = False
+                return
+            record = self.opened[key] = {"path": path, "exec": False, "ctime": 0.0, "head": None,
+                                         "first": self.order}  # fmt: skip
+        record["exec"] = record["exec"] or bool(mask & FAN_OPEN_EXEC)
+        record["ctime"] = max(record["ctime"], info.st_ctime)
+        if record["head"] is None or (len(record["head"]) <= 4 and info.st_ctime >= self.window):
+            # whole heads of the files whose lines decide what runs, and of whatever changed during the run
+            # (renamed away, its name no longer says what it was: its content does)
+            wide = record["path"].endswith(_READ_HEADS) or info.st_ctime >= self.window
+            record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
+        if _is_code(record) and self._agents(key, info) and not any(h in record["path"] for h in _INSTALLER_HOOKS):
+            start = _start_time(pid)
+            if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
+                self.ran_agents_code.setdefault((pid, start), record["path"])
+
+    def _agents(self, key, info):
+        """Whether the file is the agent's: changed in this container and not only by the verifier."""
+        agent, verifier = self.written["agent"], self.written["verifier"]
+        return key in agent or (info.st_ctime >= self.daemon.since and key not in verifier)
+
+    def _answer(self, group, fd, pid):
+        """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted."""
+        self.drain_notices()
+        why = self.untrusted(pid)
+        path = _path(fd, os.fstat(fd))
+        refuse = why is not None and os.path.basename(path) in REWARD_FILES
+        if why is not None:
+            info = os.fstat(fd)
+            self.untrusted_files[(info.st_dev, info.st_ino)] = "pid {} (which {})".format(pid, why)
+        if refuse:
+            self.reward_refused.append({"path": path, "pid": pid, "why": why})
+        os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
+
+    def drain_notices(self):
+        for side, group in self.groups:
+            if side != "reward":
+                self._drain(side, group)
+
+    def untrusted(self, pid):
+        """Why ``pid`` may not write the reward (None: it is the test script's own): it, or a process above it, ran
+        code the agent provided, or it has left the test script's tree. Fails closed when /proc cannot tell."""
+        current = pid
+        for _ in range(4096):
+            start = _start_time(current)
+            if start is None:
+                return "could not be traced to the test script"
+            ran = self.ran_agents_code.get((current, start))
+            if ran is not None:
+                return "ran {}, which the agent provided".format(ran) if current == pid else (
+                    "descends from pid {}, which ran {}, which the agent provided".format(current, ran))
+            try:
+                parent = int(_stat_fields(current)[1])
+            except (OSError, ValueError, IndexError):
+                return "could not be traced to the test script"
+            if parent == self.daemon.verifier_init:
+                return "outlived its parent: it belongs to no test script"
+            if not self.daemon._in_verifier_namespace(parent):
+                return None  # started by the daemon: the test script itself
+            current = parent
+        return "could not be traced to the test script"
+
+    def check_rewards(self, folder_fd):
+        """The reward files as they stand: one that a process not to be trusted opened (then renamed or linked into
+        place) is refused too."""
+        for name in REWARD_FILES:
+            try:
+                info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            why = self.untrusted_files.get((info.st_dev, info.st_ino))
+            if why is not None:
+                self.reward_refused.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
+                                            "why": "this file became the reward, but {} opened it".format(why)})
+
+    def tests_began(self):
+        """(order, path) of the first test file opened, or None: a Python file in /tests, or a test file the
+        verifier did not write itself (an installer unpacking a package's tests is not the tests beginning)."""
+        mine = self.written["verifier"]
+        began = [(order, path) for order, key, path, in_tests in self.test_files if in_tests or key not in mine]
+        return min(began) if began else None
+
+    def finish(self, daemon, workdir):
+        """Once the verifier's processes are gone: read the last events and say what it ran that changed (``during``:
+        changed since the start of the verifier's run, by another than the verifier; ``early``: first opened before
+        the tests began), the code it opened before the tests began, the links changed in this container whose
+        targets it opened, the libraries it loaded, and the refused openers of the reward."""
+        self.drain()
+        window = self.window
+        agent, verifier = self.written["agent"], self.written["verifier"]
+        began = self.tests_began()
+        boundary = began[0] if began else self.order + 1
+        for record in self.opened.values():
+            record["early"] = record["first"] < boundary
+        used = []
+        for key, record in self.opened.items():
+            changed = record["ctime"] >= daemon.since or key in agent
+            if changed and (key not in verifier or key in agent):
+                head = record["head"] or b""
+                during = record["ctime"] >= window or key in agent
+                wide = record["path"].endswith(_READ_HEADS) or during
+                used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
+                             "head": _b64(head) if wide else None, "during": during,
+                             "early": record["early"]})  # fmt: skip
+        early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
+        if len(early_code) > MAX_EARLY_CODE:
+            self.complete = False
+        targets = {record["path"]: record for record in self.opened.values()}
+        loaded = sorted(record["path"] for record in self.opened.values()
+                        if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
+        return {"used": used, "relinked": _relinked(daemon.since, targets, workdir), "loaded": loaded,
+                "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events,
+                          "tests_began": began[1] if began else None, "early_code": early_code[:MAX_EARLY_CODE],
+                          "reward_refused": self.reward_refused}}  # fmt: skip
+
+    def close(self):
+        for _, fd in self.groups:  # a permission event not yet answered is allowed when its group closes
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.groups = []
+
+
+def _path(fd, info):
+    path = os.readlink("/proc/self/fd/{}".format(fd))
+    if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
+        path = path[: -len(" (deleted)")]
+    return path
+
+
+def _is_test_file(path, in_tests=False):
+    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere."""
+    name = os.path.basename(path)
+    if not name.endswith(".py"):
+        return False
+    return in_tests or name.startswith("test_") or name.endswith("_test.py")
+
+
+def _is_code(record):
+    magic = (record["head"] or b"")[:4]
+    return record["exec"] or magic.startswith(CODE_MAGIC) or record["path"].endswith(CODE_SUFFIXES)
+
+
+def _start_time(pid):
+    try:
+        return int(_stat_fields(pid)[_STARTTIME])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _mount_points(pid):
+    """The mount points of the process's mount namespace, as paths inside it."""
+    points = []
+    with open("/proc/{}/mountinfo".format(pid)) as handle:
+        for line in handle:
+            point = line.split()[4]
+            points.append(point.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n"))
+    return points
+
+
+def _relinked(since, opened, workdir):
+    """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
+    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder."""
+    found = []
+    patterns = LINK_DIRS + ("/", workdir)
+    for folder in sorted(set(os.path.realpath(path) for pattern in patterns for path in glob.glob(pattern))):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                link = os.lstat(path)
+                if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
+                    continue
+                target = os.path.realpath(path)
+            except OSError:
+                continue
+            record = opened.get(target)
+            if record is not None:
+                found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
+                              "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
+    return found
+
+
+def agents_links(since, paths):
+    """Of ``paths``, the links the agent made (changed in this container), with where each leads: the host looks
+    for them among Docker's diff, the daemon knows which are links and where they lead now."""
+    found = []
+    for path in paths:
+        try:
+            link = os.lstat(path)
+            if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
+                continue
+            target = os.path.realpath(path)
+            found.append({"path": path, "target": target, "folder": os.path.isdir(target)})
+        except OSError:
+            continue
+    return found

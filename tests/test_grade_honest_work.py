@@ -1,0 +1,199 @@
+"""Honest work earns its reward in train mode: the shapes of real tasks whose correct solutions the watch zeroed.
+
+Each plays a task the way a policy solves it, through the env in train mode (the trainer's default), and asks for
+reward 1.0 with no tamper finding: a false zero teaches a policy that solving the task is worthless. The shapes come
+from public Terminal-Bench and Harbor tasks: verifiers that build their test environment with uv, from a cache the
+image's build filled or the agent's own `uv add` filled; a test that makes the agent's program executable and runs
+it; a solution that sets the time zone, installs a namespace package (setuptools' `-nspkg.pth`), or vendors a pytest
+plugin the project's tests need; and a verifier's own environment that ships a pytest plugin (anyio's).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from attack_support import PYTEST_TESTS, PYTEST_VERIFIER, cheat
+
+from terminus_env import load_task
+
+pytestmark = pytest.mark.usefixtures("docker_required")
+
+WHEELS = ("pytest==8.4.1", "anyio==4.9.0", "uv==0.9.5")
+"""What the verifiers below install, from a folder in the image (containers do not reach PyPI)."""
+
+UV_IMAGE = """\
+FROM terminus-env/base:bookworm
+COPY wheels /opt/wheels
+RUN cd /tmp && python3 -c "import zipfile, glob; zipfile.ZipFile(glob.glob('/opt/wheels/uv-*')[0]).extractall('uv')" \\
+    && install -m 0755 /tmp/uv/uv-*.data/scripts/uv /usr/local/bin/uv && rm -rf /tmp/uv
+ENV UV_OFFLINE=1 UV_FIND_LINKS=/opt/wheels UV_PYTHON=/usr/bin/python3.11 UV_NO_PROGRESS=1
+WORKDIR /app
+"""
+PREWARM = """\
+# As many real images do, the build already ran uv once: its cache holds what the verifier will install.
+RUN uv venv /opt/prewarm && uv pip install --python /opt/prewarm pytest==8.4.1 anyio==4.9.0 && rm -rf /opt/prewarm
+"""
+# Terminal-Bench 1's run-tests.sh, as verbatim as the offline machine allows (the uv installer's download is the
+# image's uv instead).
+UV_VERIFIER = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+cd /app
+uv venv .tbench-testing
+source .tbench-testing/bin/activate
+uv pip install pytest==8.4.1 anyio==4.9.0
+if uv run pytest /tests/test_outputs.py -rA; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+SYSTEM_PYTEST_VERIFIER = PYTEST_VERIFIER  # the image's pytest, run from the task's folder
+HELLO_TESTS = PYTEST_TESTS
+SOLVE_HELLO = "echo hello > /app/hello.txt\n"
+TASK_TOML = """\
+version = "1.0"
+[metadata]
+difficulty = "easy"
+[verifier]
+timeout_sec = 300.0
+[agent]
+timeout_sec = 300.0
+[environment]
+build_timeout_sec = 600.0
+cpus = 1
+memory_mb = 2048
+storage_mb = 4096
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
+                    "-d", str(folder), *WHEELS], check=True)  # fmt: skip
+    return folder
+
+
+def make_task(root: Path, name: str, dockerfile: str, verifier: str, tests: str, wheels: Path | None = None):
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(TASK_TOML)
+    (task / "instruction.md").write_text("Do what the tests ask.\n")
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    if wheels is not None:
+        shutil.copytree(wheels, task / "environment" / "wheels")
+    (task / "tests" / "test.sh").write_text(verifier)
+    (task / "tests" / "test_outputs.py").write_text(tests)
+    return load_task(task)
+
+
+def assert_earned(reward, info):
+    episode = info["episode"]
+    assert (reward, info["end_reason"], episode["tampering"]) == (1.0, "task_complete", ()), episode
+
+
+def test_a_uv_verifier_over_a_cache_the_images_build_filled(tmp_path, wheels):
+    """uv links what it installs from its cache: the verifier's venv would be made of the image's cache files,
+    changed by that very link (their ctime), with the agent doing nothing but solving the task."""
+    task = make_task(tmp_path, "uv-prewarmed", UV_IMAGE + PREWARM, UV_VERIFIER, HELLO_TESTS, wheels)
+    assert_earned(*cheat(task, SOLVE_HELLO)[1:])
+
+
+def test_a_uv_verifier_after_the_agents_own_uv_add(tmp_path, wheels):
+    """The agent made a project of its own with `uv add pytest`: uv's cache now holds files the agent's uv wrote,
+    the very ones the verifier's `uv pip install pytest` would link."""
+    task = make_task(tmp_path, "uv-agent-add", UV_IMAGE, UV_VERIFIER, HELLO_TESTS, wheels)
+    keys = "mkdir -p /root/w && cd /root/w && uv init --bare -q && uv add -q pytest==8.4.1 anyio==4.9.0; cd /app\n"
+    assert_earned(*cheat(task, keys, SOLVE_HELLO)[1:])
+
+
+PROGRAM_TESTS = """\
+import subprocess
+
+
+def test_the_program_answers():
+    subprocess.run(["chmod", "+x", "/app/cmd.sh"], check=True)  # as Terminal-Bench 1's jq-data-processing does
+    out = subprocess.run(["/app/cmd.sh"], capture_output=True, text=True, timeout=60)
+    assert out.stdout == "42\\n"
+"""
+
+
+def test_the_tests_make_the_agents_program_executable_and_run_it(tmp_path):
+    task = make_task(tmp_path, "chmod-then-run", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
+                     SYSTEM_PYTEST_VERIFIER, PROGRAM_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, "printf '#!/bin/bash\\necho 42\\n' > /app/cmd.sh\n")[1:])
+
+
+TIMEZONE_TESTS = """\
+import time
+
+
+def test_the_clock_is_new_yorks():
+    assert time.tzname[0] == "EST"
+"""
+
+
+def test_a_solution_that_sets_the_time_zone(tmp_path):
+    """`/etc/localtime` is a link in /etc, changed, whose target every Python reads at start: a time zone, not code."""
+    task = make_task(tmp_path, "timezone", "FROM terminus-env/base:bookworm\nWORKDIR /app\n", SYSTEM_PYTEST_VERIFIER,
+                     TIMEZONE_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, "ln -sf /usr/share/zoneinfo/America/New_York /etc/localtime\n")[1:])
+
+
+NSPKG_LINE = (
+    "import sys, types, os;has_mfs = sys.version_info > (3, 5);p = os.path.join(sys._getframe(1).f_locals['sitedir'], "
+    "*('acme',));importlib = has_mfs and __import__('importlib.util');has_mfs and __import__('importlib.machinery');"
+    "m = has_mfs and sys.modules.setdefault('acme', importlib.util.module_from_spec(importlib.machinery.PathFinder."
+    "find_spec('acme', [os.path.dirname(p)])));m = m or sys.modules.setdefault('acme', types.ModuleType('acme'));"
+    "mp = (m or []) and m.__dict__.setdefault('__path__',[]);(p not in mp) and mp.append(p)"
+)
+NSPKG_TESTS = """\
+def test_the_namespace_package_imports():
+    from acme.tools import answer
+
+    assert answer() == 42
+"""
+
+
+def test_a_solution_that_installs_a_namespace_package(tmp_path):
+    """A wheel built the old setuptools way ships `*-nspkg.pth`, whose one line starts with `import`: setuptools'
+    own line, which runs at every Python start and only makes the namespace's module."""
+    site = "/usr/local/lib/python3.11/dist-packages"
+    keys = (
+        f"mkdir -p {site}/acme/tools && printf 'def answer():\\n    return 42\\n' > {site}/acme/tools/__init__.py && "
+        f"printf '%s\\n' {_quoted(NSPKG_LINE)} > {site}/acme.tools-1.0-py3.11-nspkg.pth\n"
+    )
+    task = make_task(tmp_path, "nspkg", "FROM terminus-env/base:bookworm\nWORKDIR /app\n", SYSTEM_PYTEST_VERIFIER,
+                     NSPKG_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, keys)[1:])
+
+
+PROJECT_TESTS = """\
+import subprocess
+
+
+def test_the_projects_own_tests_pass():
+    out = subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd="/app",
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+"""
+VENDORED_PLUGIN = textwrap.dedent("""\
+    mkdir -p /app/tests /app/vendor
+    printf 'import pytest\\n@pytest.fixture\\ndef answer():\\n    return 42\\n' > /app/vendor/answer_plugin.py
+    printf 'import sys\\nsys.path.insert(0, "/app/vendor")\\npytest_plugins = ["answer_plugin"]\\n' > /app/conftest.py
+    printf 'def test_answer(answer):\\n    assert answer == 42\\n' > /app/tests/test_answer.py
+""")
+
+
+def test_a_vendored_pytest_plugin_the_projects_tests_need(tmp_path):
+    task = make_task(tmp_path, "vendored-plugin", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
+                     SYSTEM_PYTEST_VERIFIER, PROJECT_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, VENDORED_PLUGIN)[1:])
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
