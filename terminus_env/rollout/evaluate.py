@@ -168,6 +168,13 @@ def _finish_job(job: HarborJob, path: Path, paths: Sequence[Path], *, finished: 
     return report
 
 
+def turn_tokens(config: RunConfig) -> int:
+    """The per-turn token limit each request asks for: ``--max-turn-tokens``, at most the model's context (a server
+    refuses a ``max_tokens`` above it)."""
+    window = config.context_window
+    return config.max_turn_tokens if window is None else min(config.max_turn_tokens, window)
+
+
 def _settings(config: RunConfig) -> str:
     """What the run sends and when it summarizes, in a line."""
     turns = "no turn cap" if config.max_turns is None else f"at most {config.max_turns} turns"
@@ -267,7 +274,7 @@ async def _evaluate(
     env_kwargs = {
         "mode": "eval",
         "max_turns": config.max_turns,
-        "max_turn_tokens": config.max_turn_tokens,
+        "max_turn_tokens": turn_tokens(config),
         **({"strict_format": True, "strict_truncation": True} if config.strict else {}),
     }
     summarize = SummarizeConfig(enabled=config.summarize, threshold=config.summarize_threshold,
@@ -385,9 +392,7 @@ async def _policy(args: argparse.Namespace, config: RunConfig, tasks: Sequence[T
     async with contextlib.AsyncExitStack() as stack:
         urls = args.base_url or [await stack.enter_async_context(_oracle_server(tasks)) for _ in range(args.sim)]
         pool = await stack.enter_async_context(ServingPool(urls, args.model or "sim"))
-        window = config.context_window  # a server refuses a max_tokens above its context
-        max_tokens = config.max_turn_tokens if window is None else min(config.max_turn_tokens, window)
-        yield ServingPolicy(pool, max_tokens=max_tokens, sampling=config.sampling)
+        yield ServingPolicy(pool, max_tokens=turn_tokens(config), sampling=config.sampling)
 
 
 @contextlib.asynccontextmanager
