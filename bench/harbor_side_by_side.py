@@ -38,6 +38,7 @@ from typing import Any
 from terminus_env.rollout import stats
 from terminus_env.rollout.run_log import read_run
 from terminus_env.rollout.served_oracle import FlakyOracleReplies
+from terminus_env.sandbox.images import prune_task_images
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.server import ServerConfig, SimServer
 from terminus_env.tasks import load_task, shipped_tasks_dir
@@ -367,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     before = harbor_images()
     try:
         return asyncio.run(main_async(args))
-    finally:
+    finally:  # the task images both harnesses built for the copies
         remove_images(harbor_images() - before)
+        out = Path(args.output).resolve()
+        prune_task_images({}, [folder for folder in (out / "suite", out / "suite-overflow") if folder.is_dir()])
 
 
 if __name__ == "__main__":
