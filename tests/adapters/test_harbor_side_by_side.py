@@ -17,7 +17,8 @@ from harbor.utils.trajectory_validator import TrajectoryValidator
 
 from terminus_env.rollout.run_log import read_run
 
-pytestmark = pytest.mark.usefixtures("docker_required")
+# Harbor takes 30-60 s a trial here (Compose's start and stop), 8 trials: 5 min on a quiet machine, 11 on a busy one.
+pytestmark = [pytest.mark.usefixtures("docker_required"), pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
