@@ -225,6 +225,7 @@ class Counters:
     truncated_turns: int = 0
     warnings: int = 0
     awaiting_confirmation: bool = False
+    summarizations: int = 0  # lenient evaluation only: the conversation was summarized and replaced
 
 
 @dataclass(frozen=True)

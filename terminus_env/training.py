@@ -196,6 +196,12 @@ def merged_sequences(
 
 def merge_trajectory(trajectory: Trajectory, drift: DriftPolicy, mask: str | None = None) -> list[MergedSequence]:
     """The merged sequence(s) of one trajectory; ``mask`` is its :func:`mask_reason`."""
+    if trajectory.summarized:
+        raise TrainingDataError(
+            f"rollout {trajectory.rollout_id}: its conversation was summarized and replaced (lenient evaluation's "
+            "context summarization), so its turns are not one token sequence; train on rollouts of train-mode envs, "
+            "or build step-wise rows (step_rows)"
+        )
     turns = _token_turns(trajectory)
     builder = _Builder(trajectory, mask)
     if not turns:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyte
 import pytest
-from task_support import BROKEN, FLAKY_SEED, TASK, TRIALS, eval_args, small_suite
+from task_support import BROKEN, FAILURE, FLAKY_SEED, TASK, TRIALS, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
 from terminus_env.rollout.run_log import read_run
@@ -66,6 +66,23 @@ def test_every_trial_has_its_folder_and_the_job_its_counts(run: tuple[Path, Path
     config = load(job / "config.json")
     assert config["n_attempts"] == TRIALS and config["agents"][0]["name"] == "terminus-env"
     assert config["agents"][0]["kwargs"]["policy"] == f"flaky-oracle:{FLAKY_SEED}"
+
+
+def test_each_trial_keeps_the_verifiers_output_and_a_log(run: tuple[Path, Path, int]) -> None:
+    """What a person opens first when a trial fails: the verifier's output, its reward file, and what happened."""
+    output, job, _ = run
+    for record in read_run(output).rollouts:
+        folder = job / f"{record.task}__{record.trial}"
+        stdout = (folder / "verifier" / "test-stdout.txt").read_text()
+        assert "test session starts" in stdout and stdout == record.trajectory["verifier"]["test-stdout.txt"]
+        assert float((folder / "verifier" / "reward.txt").read_text()) == record.reward
+        assert ("1 passed" in stdout) == (record.reward == 1.0)
+        log = (folder / "trial.log").read_text().splitlines()
+        assert log[0].endswith(f"{record.task} #{record.trial}: started") and log[0][:4].isdigit()  # stamped
+        assert f"ended: task_complete after {len(record.trajectory['turns'])} turns" in "\n".join(log)
+        if record.reward < 1:
+            assert log[-1].endswith(f"failure: {FAILURE}") and "test_hello_file" in stdout
+    assert not (job / f"{BROKEN}__0" / "verifier").exists()  # a task that never ran has no verifier output
 
 
 def test_the_trajectory_holds_turns_keystrokes_screens_and_format_errors(run: tuple[Path, Path, int]) -> None:

@@ -81,6 +81,8 @@ def test_an_unsolved_trial_from_the_run_file_says_why(run: tuple[Path, Path], br
     assert "reward 0" in shown and f"Why it earned less than 1: {FAILURE}" in shown.replace("\n", " ")
     assert browser.evaluate(BADGE) == [RED, WHITE]
     assert "Give up." in shown and shown.rstrip().endswith("Ended: task_complete; reward 0.")
+    assert "The verifier" in shown and "reward.txt: 0" in shown  # its output is open on a failed trial
+    assert "test session starts" in shown and "AssertionError: /app/hello.txt is missing" in shown
 
 
 def test_view_picks_a_trial_and_says_how_to_pick_another(run: tuple[Path, Path],

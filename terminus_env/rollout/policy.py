@@ -161,11 +161,11 @@ class FlakyOraclePolicy:
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         turn = _turn(messages)
-        if _draw(self._seed, "careless", rollout.rollout_id) < 1 / 3:
+        if draw(self._seed, "careless", rollout.rollout_id) < 1 / 3:
             if turn == 0:
                 return PolicyOutput(reply=Reply(text="Let me look at the task first."))
             turn -= 1
-        if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
+        if draw(self._seed, "solve", rollout.rollout_id) < draw(self._seed, "rate", rollout.task.name):
             return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
         return PolicyOutput(reply=Reply(text=nop_reply(self._duration, plan="Give up.")))
 
@@ -177,7 +177,7 @@ def request_seed(base: int, rollout_id: str, turn: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def _draw(*key: object) -> float:
+def draw(*key: object) -> float:
     """A number in [0, 1) fixed by ``key``: the same on every run and every machine."""
     digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
@@ -201,20 +201,20 @@ class OracleReplies:
 def oracle_reply(task: Task, turn: int, duration: float = 60.0) -> str:
     """Turn 0 unpacks and runs the solution; later turns wait for it and confirm completion."""
     if turn == 0:
-        return _reply(_install_and_run(task), duration, complete=False, plan="Apply the reference solution.")
-    return _reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
+        return xml_reply(solution_keystrokes(task), duration, complete=False, plan="Apply the reference solution.")
+    return xml_reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
 
 
 def nop_reply(duration: float = 60.0, plan: str = "Declare the task done without doing anything.") -> str:
     """No command, and the task declared done (each turn, so a confirmation is answered the same way)."""
-    return _reply("", duration, complete=True, plan=plan)
+    return xml_reply("", duration, complete=True, plan=plan)
 
 
 def _turn(messages: list[dict[str, str]]) -> int:
     return sum(1 for m in messages if m.get("role") == "assistant")
 
 
-def _install_and_run(task: Task) -> str:
+def solution_keystrokes(task: Task) -> str:
     """The solution folder travels as one base64 line: a heredoc typed into an interactive shell
     would trigger tab completion on the tabs of a Makefile. It goes to /solution, where Harbor puts it,
     or to a fresh temporary folder when the agent's user cannot write there (``[agent] user``)."""
@@ -262,11 +262,11 @@ def _tar_gz(path: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _reply(keystrokes: str, duration: float, *, complete: bool, plan: str) -> str:
-    # Even an empty keystroke waits: the terminal returns once the shell is idle again.
+def xml_reply(keystrokes: str, duration: float, *, complete: bool, plan: str, analysis: str = "Oracle run.") -> str:
+    """A well-formed Terminus 2 reply with one command (empty keystrokes still wait, until the shell is idle)."""
     commands = f'<keystrokes duration="{duration}">{keystrokes}</keystrokes>'
     done = "<task_complete>true</task_complete>" if complete else ""
     return (
-        "<response>\n<analysis>Oracle run.</analysis>\n"
+        f"<response>\n<analysis>{analysis}</analysis>\n"
         f"<plan>{plan}</plan>\n<commands>{commands}</commands>\n{done}\n</response>"
     )

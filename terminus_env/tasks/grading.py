@@ -38,6 +38,10 @@ TEST_STDOUT = f"{VERIFIER_LOGS}/test-stdout.txt"
 CTRF_REPORT = f"{VERIFIER_LOGS}/ctrf.json"
 OUTPUT_CAP = 20_000
 """Characters of verifier output kept in a `GradeResult` (the tail, where the summary is)."""
+KEPT_FILE_CAP = 200_000
+"""Bytes of a reward or CTRF file kept whole in a `GradeResult`; a larger one is not kept (cut JSON reads as none)."""
+VERIFIER_OUTPUT_NAME = "test-stdout.txt"
+"""The verifier's output, by its name in a Harbor trial's ``verifier/`` folder (the other kept files keep theirs)."""
 _LOG_READ_BYTES = 4_000_000
 _SETUP_TIMEOUT_S = 60.0
 _PYTEST_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+\S", re.MULTILINE)
@@ -59,6 +63,9 @@ class GradeResult:
     tampering: tuple[Finding, ...] = ()
     """What the verifier ran that the agent changed in the verifier's runtime (``sandbox/tamper.py``); the env
     decides what that does to the episode (``TamperPolicy``)."""
+    files: tuple[tuple[str, str], ...] = ()
+    """The verifier's files by their names in Harbor's ``verifier/`` folder: ``test-stdout.txt`` (the output, its last
+    `OUTPUT_CAP` characters), and ``reward.txt``, ``reward.json``, ``ctrf.json`` where it wrote them whole."""
 
 
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
@@ -83,9 +90,10 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         raise ResourcesExhausted(f"the container hit its {' and '.join(run.limits_hit)} limit while the verifier ran")
     output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
+    files = _kept_files(output[-OUTPUT_CAP:], run.files)
     if run.result.timed_out:
         reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering)
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering, files=files)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
@@ -94,7 +102,17 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         reason = "; ".join(refused) if refused and reward == 0.0 else reason
     # The first failing test: from the CTRF report if the verifier wrote one, else from its output (issue 11a).
     failure = first_failure(output, run.files.get(CTRF_REPORT))
-    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering)
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering, files)
+
+
+def _kept_files(output: str, files: dict[str, bytes | None]) -> tuple[tuple[str, str], ...]:
+    """What a run keeps of the verifier's files, as Harbor names them: the output, and the small files whole."""
+    kept = [(VERIFIER_OUTPUT_NAME, output)] if output else []
+    for path in (REWARD_TXT, REWARD_JSON, CTRF_REPORT):
+        data = files.get(path)
+        if data is not None and len(data) <= KEPT_FILE_CAP:
+            kept.append((path.rsplit("/", 1)[1], data.decode("utf-8", "replace")))
+    return tuple(kept)
 
 
 def tests_archive(task: Task) -> bytes:
