@@ -16,6 +16,7 @@ from sandbox_support import containers_of_pid
 from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
+from terminus_env.rollout.policy import request_seed
 from terminus_env.rollout.report import build_report, print_report
 from terminus_env.rollout.run_log import TaskStage, read_run
 from terminus_env.sandbox.images import prune_task_images
@@ -181,8 +182,10 @@ def test_sampling_is_sent_as_asked_and_recorded(suite: Path, tmp_path: Path,
     assert config.sampling == {"temperature": 0.25, "top_k": 5, "seed": 3}
     assert (config.max_turns, config.summarize, config.summarize_threshold) == (None, True, 8000)  # Terminus 2's
     assert config.context_window == 32768  # the simulated replica's, as its /v1/models reports it
-    for turn in contents.rollouts[0].trajectory["turns"]:
-        assert turn["sampling"] == {"max_tokens": 16384, "temperature": 0.25, "top_k": 5, "seed": 3}
+    trajectory = contents.rollouts[0].trajectory
+    for index, turn in enumerate(trajectory["turns"]):  # the seed is a base: each request gets one of its own
+        seed = request_seed(3, trajectory["rollout_id"], index)
+        assert turn["sampling"] == {"max_tokens": 16384, "temperature": 0.25, "top_k": 5, "seed": seed}
     kwargs = json.loads((tmp_path / "jobs" / "sampled" / "config.json").read_text())["agents"][0]["kwargs"]
     assert kwargs["sampling"] == config.sampling and kwargs["enable_summarize"] is True
     assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "x.jsonl"), "--sampling",

@@ -232,7 +232,7 @@ _RESERVED_REQUEST_KEYS = {"model", "messages", "max_tokens", "max_completion_tok
 def _served_context_window(args: argparse.Namespace) -> int | None:
     """The model's context: what the first server reports, the simulated replicas' own, or None (no model)."""
     if args.base_url:
-        from terminus_env.serving.model_card import served_context_window
+        from terminus_env.serving.client import served_context_window
 
         return asyncio.run(served_context_window(args.base_url[0], args.model))
     if args.sim:

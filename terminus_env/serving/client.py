@@ -148,22 +148,29 @@ class ReplicaClient:
             response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
         return self._completion(response)
 
-    async def served_model(self, model: str) -> ModelCard:
-        """``model`` as ``/v1/models`` describes it; :class:`ModelNotServed`, naming the served ones, if it is not."""
+    async def models(self) -> list[ModelCard]:
+        """The models ``/v1/models`` lists."""
         response = await self._request("GET", "/v1/models")
         try:
             cards = response.json()["data"]
-            served = {card["id"]: card for card in cards}
-        except (ValueError, KeyError, TypeError) as exc:
+            listed = []
+            for card in cards:
+                length = card.get("max_model_len")
+                valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+                listed.append(ModelCard(card["id"], str(card.get("root") or card["id"]), length if valid else None))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ServingError(f"{self.base_url}/v1/models: not an OpenAI model list: {response.text[:200]!r}") from exc
+        return listed
+
+    async def served_model(self, model: str) -> ModelCard:
+        """``model`` as ``/v1/models`` describes it; :class:`ModelNotServed`, naming the served ones, if it is not."""
+        served = {card.id: card for card in await self.models()}
         if model not in served:
             raise ModelNotServed(
                 f"{self.base_url} serves {', '.join(map(repr, served)) or 'no model'}, not {model!r}: pass the "
                 "served name (vLLM's --served-model-name, else its --model)"
             )
-        card = served[model]
-        length = card.get("max_model_len")
-        return ModelCard(model, str(card.get("root") or model), length if isinstance(length, int) else None)
+        return served[model]
 
     async def continuation_logprobs(self, model: str, prompt_token_ids: list[int], token_ids: list[int]) -> list[float]:
         """log p(token) of each of ``token_ids`` after ``prompt_token_ids`` under the weights served now, at
@@ -332,3 +339,14 @@ def _error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return response.text[:500]
+
+
+async def served_context_window(base_url: str, model: str | None = None) -> int | None:
+    """The context in tokens of ``model`` (the only model served, when None) at ``base_url``; None when the server
+    does not report one, serves no such model, or does not answer (the caller says what to pass instead)."""
+    try:
+        async with ReplicaClient(base_url, timeout_s=10.0) as client:
+            cards = [card for card in await client.models() if model is None or card.id == model]
+    except ServingError:
+        return None
+    return cards[0].max_model_len if len(cards) == 1 else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from terminus_env.serving.model_card import served_context_window
+from terminus_env.serving.client import served_context_window
 from terminus_env.serving.serve_process import free_ports
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.server import ServerConfig, SimServer
