@@ -16,6 +16,7 @@ import pytest
 from attack_support import assert_caught, background, cheat, pytest_task_in
 
 from terminus_env import load_task
+from terminus_env.metrics import aggregate
 from terminus_env.tasks.grading import REWARD_TXT
 
 pytestmark = pytest.mark.usefixtures("docker_required")
@@ -85,11 +86,15 @@ def test_code_the_agent_provided_and_the_verifier_loaded_before_its_tests_never_
     assert_caught(reward, info, "loaded_before_tests", "startup_hook", "runtime_modified", "redirected")
 
 
-def test_code_the_agent_provided_and_the_verifier_loaded_is_reported_in_eval(pytest_task):
-    """Eval keeps the verifier's reward, as public harnesses would give it, and says why it is not to be trusted."""
-    _, reward, info = cheat(pytest_task, FORGERIES["zip-sitecustomize"], mode="eval")
-    assert reward == 1.0 and info["end_reason"] == "task_complete"
-    assert {finding["kind"] for finding in info["episode"]["tampering"]} & {"loaded_before_tests", "startup_hook"}
+def test_eval_keeps_the_verifiers_reward_and_counts_every_forgery_in_the_tamper_rate(pytest_task, program_task):
+    """Eval keeps the verifier's reward, as public harnesses would give it, and says why it is not to be trusted:
+    every forgery here is reported, and the tamper rate counts each episode."""
+    played = [cheat(pytest_task, keys, mode="eval") for keys in FORGERIES.values()]
+    played += [cheat(program_task, _program(script), mode="eval") for script in (WRITE_AND_KILL, RENAMING_LOOP)]
+    for _, _, info in played:
+        assert info["end_reason"] == "task_complete" and info["episode"]["tampering"], info["episode"]
+    assert sum(reward for _, reward, _ in played) >= len(FORGERIES)  # the forgeries paid, as elsewhere they would
+    assert aggregate([info["episode"] for _, _, info in played]).tamper_rate == 1.0
 
 
 def _filter_shim(tmp_path, soname: str, real: str) -> str:
