@@ -100,7 +100,7 @@ def test_the_trajectory_holds_turns_keystrokes_screens_and_format_errors(run: tu
     (call,) = solving["tool_calls"]
     assert call["function_name"] == "bash_command"
     assert call["arguments"] == {"keystrokes": turns[1]["commands"][0]["keystrokes"], "duration": 60.0}
-    assert call["arguments"]["keystrokes"].endswith("bash /solution/solve.sh\n")
+    assert call["arguments"]["keystrokes"].endswith("bash $S/solve.sh\n")
     assert solving["observation"]["results"][0]["source_call_id"] == call["tool_call_id"]
     assert "New terminal output:" in solving["observation"]["results"][0]["content"]
     last = steps[-1]
@@ -128,7 +128,7 @@ def test_the_recording_replays_the_terminal_turn_by_turn(run: tuple[Path, Path, 
     shown = [data for _, kind, data in events if kind == "o"]
     assert record.trajectory["screen"].replace("\n", "\r\n") in shown[0]  # the first screen at time 0
     assert len(shown) == 1 + sum(1 for turn in turns if turn["terminal"] is not None)  # one frame per executed turn
-    assert "bash /solution/solve.sh" in shown[1] and "\r\n" in shown[1]
+    assert "bash $S/solve.sh" in shown[1] and "\r\n" in shown[1]
 
 
 def test_a_terminal_replaying_the_recording_shows_what_tmux_showed(run: tuple[Path, Path, int]) -> None:
@@ -145,7 +145,7 @@ def test_a_terminal_replaying_the_recording_shows_what_tmux_showed(run: tuple[Pa
         terminal.feed(frame)
     replayed = "\n".join(line.rstrip() for line in screen.display).rstrip()
     assert replayed == terminals[2]["text"].rstrip()
-    assert "bash /solution/solve.sh" in replayed
+    assert "bash $S/solve.sh" in replayed
 
 
 def test_a_resumed_run_writes_the_trials_its_job_lacks(run: tuple[Path, Path, int], tmp_path: Path) -> None:

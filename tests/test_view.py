@@ -66,7 +66,7 @@ def test_a_solved_trial_reads_turn_by_turn_in_a_browser(run: tuple[Path, Path], 
     assert f"Format error (nothing ran): {turns[0]['format_error']}" in shown  # the careless opening
     assert "Let me look at the task first." in shown
     assert "Oracle run." in shown and "Apply the reference solution." in shown  # analysis and plan, parsed
-    assert "bash /solution/solve.sh⏎" in shown  # the keystrokes, Enter shown
+    assert "bash $S/solve.sh⏎" in shown  # the keystrokes, Enter shown
     assert "waits up to 60 s" in shown
     assert "New terminal output:" in shown and "root@" in shown  # the screen after
     assert "Marked the task complete." in shown
