@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image browser demo check lint test unit test-adapters test-vllm docs install-check fresh-check bench bench-http clean
+.PHONY: all venv docker base-image browser demo check lint test unit test-adapters test-vllm docs install-check fresh-check bench bench-http corpus-tasks corpus clean
 
 all: demo
 
@@ -85,6 +85,17 @@ bench: base-image
 bench-http: venv
 	$(PY) bench/routing_http.py --json routing-http.json
 
+# The corpus of public tasks (bench/corpus, docs/notes/corpus.md): copied out of the snapshots fetched into
+# /work/.mirror and adapted to run offline, into .corpus/ (the target says which snapshot to fetch when one is
+# missing); `corpus` then plays each task in train and eval mode and writes the table of false tamper flags
+# (.corpus/corpus-runs.md and .json). `make corpus CHECKOUT=/path/to/other/checkout` plays the same tasks with that
+# checkout's terminus_env. Images are built on demand; never part of `make test`.
+corpus-tasks: base-image
+	$(PY) bench/corpus/materialise.py
+
+corpus: corpus-tasks
+	$(PY) bench/corpus/run.py --jobs 2 $(if $(CHECKOUT),--checkout $(CHECKOUT))
+
 clean:
 	-$(CLI) gc
-	rm -rf $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist .venv-vllm .vllm-tmp test-artifacts
+	rm -rf .corpus $(VENV) .venv-trl .venv-verl .venv-skyrl .venv-verifiers .venv-harbor .pytest_cache .hypothesis .bench-cache site dist .venv-vllm .vllm-tmp test-artifacts

@@ -234,7 +234,8 @@ async def child(count: int) -> None:
 
 
 async def rate(starts: int, steps: int) -> None:
-    """One side of --compare: print, as JSON, this process's first start, its next cold starts and its steps."""
+    """One side of --compare: print, as JSON, this process's first start, its next cold starts, its steps and its
+    gradings of a pytest verifier."""
     client = docker.from_env()
     first = time.perf_counter()
     sandbox = await Sandbox.start(SPEC, client=client)
@@ -250,19 +251,34 @@ async def rate(starts: int, steps: int) -> None:
     try:
         await sandbox.terminal.capture_new()
         stepped = await timed(lambda: sandbox.terminal.step([("echo hi\n", 1.0)]), steps)
+        await sandbox.exec("mkdir -p /app && echo hello > /app/hello.txt", 10)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "test.sh").write_text(VERIFIER)
+            (Path(tmp) / "test_outputs.py").write_text(TESTS)
+            archive = tar_dir(Path(tmp), ".")
+
+        async def grade() -> None:
+            run = await sandbox.verify(archive, "TESTS=/tests bash /tests/test.sh > /dev/null 2>&1", 60, user="root",
+                                       read=["/logs/verifier/reward.txt"])  # fmt: skip
+            assert run.files["/logs/verifier/reward.txt"] == b"1\n" and not run.tampering, run
+
+        graded = await timed(grade, max(3, steps // 8))
     finally:
         await sandbox.close()
     import terminus_env
 
-    print(json.dumps({"first": first, "cold": cold, "steps": stepped, "package": terminus_env.__file__}))
+    print(json.dumps({"first": first, "cold": cold, "steps": stepped, "grades": graded,
+                      "package": terminus_env.__file__}))  # fmt: skip
 
 
 def compare(other: Path, rounds: int, starts: int, steps: int) -> None:
     """This checkout's cold starts and steps against ``other``'s, in turn, in processes of their own."""
     sides = {"this checkout": Path(__file__).resolve().parent.parent, "other": other.resolve()}
-    found: dict[str, dict[str, list[float]]] = {name: {"first": [], "cold": [], "steps": []} for name in sides}
-    print(f"Cold starts and steps (ms), {rounds} rounds in turn: this checkout against {sides['other']}")
-    print(f"  {'round':<6} {'side':<14} {'first start':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9}   load")
+    found: dict[str, dict[str, list[float]]] = {name: {"first": [], "cold": [], "steps": [], "grades": []}
+                                                for name in sides}  # fmt: skip
+    print(f"Cold starts, steps and gradings (ms), {rounds} rounds in turn: this checkout against {sides['other']}")
+    print(f"  {'round':<6} {'side':<14} {'first start':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9} "
+          f"{'grade p50':>9}   load")  # fmt: skip
     for index in range(rounds):
         order = list(sides) if index % 2 == 0 else list(reversed(sides))
         for name in order:
@@ -273,18 +289,23 @@ def compare(other: Path, rounds: int, starts: int, steps: int) -> None:
                 raise RuntimeError(f"{name} imported terminus_env from {out['package']}, not from {sides[name]}")
             for key in found[name]:
                 found[name][key] += out[key] if isinstance(out[key], list) else [out[key]]
-            print(f"  {index + 1:<6} {name:<14} {figures(out['first'], out['cold'], out['steps'])}   "
+            print(f"  {index + 1:<6} {name:<14} {figures(out['first'], out['cold'], out['steps'], out['grades'])}   "
                   f"{os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"  {'all':<6} {'side':<14} {'first p50':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9}")
+    print(f"  {'all':<6} {'side':<14} {'first p50':>11} {'cold p50':>9} {'step p50':>9} {'step p90':>9} "
+          f"{'grade p50':>9}")  # fmt: skip
     for name, values in found.items():
-        print(f"  {'':<6} {name:<14} {figures(statistics.median(values['first']), values['cold'], values['steps'])}")
+        first = statistics.median(values["first"])
+        print(f"  {'':<6} {name:<14} {figures(first, values['cold'], values['steps'], values['grades'])}")
 
 
-def figures(first: float, cold: list[float], steps: list[float]) -> str:
-    """A process's first start, then the p50 of the cold starts, the p50 and p90 of the steps, in ms."""
+def figures(first: float, cold: list[float], steps: list[float], grades: list[float]) -> str:
+    """A process's first start, then the p50 of the cold starts, the p50 and p90 of the steps, the p50 of the
+    gradings, in ms."""
     ordered = sorted(steps)
-    cells = (first, statistics.median(cold), statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))])
-    return f"{cells[0] * 1000:11.1f} {cells[1] * 1000:9.1f} {cells[2] * 1000:9.2f} {cells[3] * 1000:9.2f}"
+    cells = (first, statistics.median(cold), statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))],
+             statistics.median(grades))  # fmt: skip
+    return (f"{cells[0] * 1000:11.1f} {cells[1] * 1000:9.1f} {cells[2] * 1000:9.2f} {cells[3] * 1000:9.2f} "
+            f"{cells[4] * 1000:9.1f}")  # fmt: skip
 
 
 async def main() -> None:

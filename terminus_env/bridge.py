@@ -114,3 +114,22 @@ def _forget_shared_loop() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_shared_loop)
+
+
+def close_on_foreign_loop(loop: asyncio.AbstractEventLoop, coro: Any) -> None:
+    """Run ``coro`` (a clean-up) on ``loop``, which is not the shared loop: sync ``close()`` of an env whose episode
+    an async user started (a Gymnasium wrapper closing it, say). Blocks unless called from inside ``loop``."""
+    if loop.is_closed():
+        coro.close()
+        return
+    if loop.is_running():
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(coro)  # cannot block inside the loop; the close finishes right after
+        else:
+            asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
+        return
+    loop.run_until_complete(coro)

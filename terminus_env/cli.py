@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = sub.add_parser("tasks", help="inspect and validate task suites")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
-    check = tasks_sub.add_parser("check", help="oracle earns 1 and doing nothing earns 0, for every task")
+    check = tasks_sub.add_parser("check", help="oracle earns 1, doing nothing 0 (also in train mode), every task")
     check.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
     check.add_argument("--name", action="append", help="check only this task (repeatable)")
@@ -139,9 +139,30 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the sandboxes on the nodes of this Ray cluster (what ray.init(address=...) takes, e.g. auto or "
         "HEAD:6379); nodes offer slots with the resource terminus_sandbox_host; needs the 'ray' extra",
     )  # fmt: skip
-    parser.add_argument("--max-turns", type=int, default=30)
-    parser.add_argument("--max-turn-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--max-turns", type=int, help="end an episode after this many turns (default: none; the task's time limit does)"
+    )
+    parser.add_argument("--max-turn-tokens", type=int, default=16384, help="tokens per reply (at most the context)")
     parser.add_argument("--strict", action="store_true", help="strict format and truncation, as in training")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default: none sent)")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling's p (default: none sent)")
+    parser.add_argument(
+        "--sampling", action="append", metavar="KEY=VALUE",
+        help="another sampling parameter sent with every request, its value as JSON (top_k=20, seed=1); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-summarize", action="store_true",
+        help="do not summarize a conversation that nears the context; it then ends the episode (context_limit)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--summarize-threshold", type=int, default=8000, metavar="TOKENS",
+        help="summarize before a turn when fewer tokens stay free (default 8000, at most half the context; 0: only "
+        "when the server refuses a request for its length)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--context-window", type=int, metavar="TOKENS",
+        help="the model's context, for servers that do not report max_model_len in /v1/models (vLLM does)",
+    )  # fmt: skip
     parser.add_argument(
         "--output", type=Path,
         help="the run file: every rollout is appended as it ends (default: runs/eval-<UTC time>.jsonl)",

@@ -13,21 +13,17 @@ serving pool, while vector envs step their copies in lock-step.
 from __future__ import annotations
 
 import asyncio
-import copy
-import functools
 import math
-import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
-from gymnasium import spaces
 
-from terminus_env.bridge import shared_loop
+from terminus_env.bridge import close_on_foreign_loop, shared_loop
 from terminus_env.protocol import MAX_COMMAND_DURATION, Command, ParsedReply, Strictness, prompts
 from terminus_env.rules import (
     Counters,
@@ -42,6 +38,7 @@ from terminus_env.rules import (
     ending_after,
     judge_after_commands,
     judge_reply,
+    tamper_ending,
 )
 from terminus_env.sandbox import (
     AgentCaused,
@@ -55,11 +52,11 @@ from terminus_env.sandbox import (
     TerminalOutput,
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
+from terminus_env.text_space import fit, text_space
 
 __all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TamperPolicy", "TerminusEnv"]
 
 Mode = Literal["train", "eval"]
-MAX_TEXT_LENGTH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -84,9 +81,12 @@ class EpisodeSummary:
     """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
     failure: str | None = None
     """The verifier's first failing test and its assertion (`GradeResult.failure`)."""
-    tampering: tuple[dict[str, str], ...] = ()
+    tampering: tuple[dict[str, str | bool], ...] = ()
     """What the verifier ran that the agent changed in the verifier's runtime: ``{"kind", "path", "detail"}`` each
     (``sandbox/tamper.py``). In train mode (``TamperPolicy.FAIL``) such an episode ends ``tampered``."""
+    summarizations: int = 0
+    """How many times the conversation was summarized and replaced (:meth:`TerminusEnv.compact`, lenient eval only):
+    when above 0, the turns' prompts do not extend one another."""
 
 
 @dataclass
@@ -96,6 +96,7 @@ class _Episode:
     loop: asyncio.AbstractEventLoop
     counters: Counters = field(default_factory=Counters)
     summary: EpisodeSummary | None = None
+    verifier: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         )
         self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion)
         self.tamper = TamperPolicy(tamper) if tamper is not None else TamperPolicy.for_mode(mode)
-        self.observation_space = _text_space()
-        self.action_space = _text_space()
+        self.observation_space = text_space()
+        self.action_space = text_space()
         self._pool = sandbox_pool
         self._bridge = shared_loop()  # one loop for every sync env, so they can share a SandboxPool
         self._closing = threading.Lock()
@@ -179,6 +180,34 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return list(self._messages)
 
     @property
+    def summarizes(self) -> bool:
+        """Whether the conversation may be summarized (:meth:`compact`): lenient evaluation only. In training, and in
+        strict evaluation, a conversation that no longer fits ends the episode (``context_limit``, reward 0), so that
+        the token-in-token-out record stays whole."""
+        return self.mode == "eval" and not (self.strictness.strict_format or self.strictness.strict_truncation)
+
+    def compact(self, messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+        """Replace the conversation with a shorter one that carries on the episode (the agent loop's context
+        summarization, as Terminus 2 does it); the model answers its last message next. Returns the conversation it
+        replaced. The episode counts it (``info["episode"]["summarizations"]``). Refused unless :attr:`summarizes`."""
+        episode = self._episode
+        if episode is None or episode.summary is not None:
+            raise RuntimeError("no episode runs: a conversation is summarized between the turns of a running episode")
+        if not self.summarizes:
+            raise RuntimeError(f"the conversation is summarized in lenient evaluation only, not in mode {self.mode!r} "
+                               f"with {self.strictness}: there a conversation that no longer fits ends the episode")
+        new = [{"role": str(m["role"]), "content": fit(str(m["content"]))} for m in messages]
+        if not new or new[-1]["role"] != "user":
+            raise ValueError("a summarized conversation ends with the user message the model answers next")
+        replaced, self._messages = self._messages, new
+        episode.counters = replace(episode.counters, summarizations=episode.counters.summarizations + 1)
+        return replaced
+
+    async def ascreen(self) -> str:
+        """The terminal's visible screen now (what a summary's reader is shown); the episode must be running."""
+        return await _sandbox(self._require_episode()).terminal.screen()
+
+    @property
     def episode_summary(self) -> EpisodeSummary | None:
         """How the current episode ended, or None while it runs."""
         return self._episode.summary if self._episode else None
@@ -196,7 +225,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         with self._closing:
             episode = self._episode
             if episode is not None and episode.loop is not self._bridge.loop:
-                _close_on_foreign_loop(episode.loop, self.aclose())
+                close_on_foreign_loop(episode.loop, self.aclose())
             elif episode is not None:
                 self._bridge.run(self.aclose())
 
@@ -220,7 +249,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self._episode = _Episode(sandbox=sandbox, started=time.monotonic(), loop=asyncio.get_running_loop())
         screen = await sandbox.terminal.screen()
         await sandbox.terminal.capture_new()  # later turns show only what is new after this point
-        obs = _fit(prompts.initial_prompt(self.task.instruction, screen))
+        obs = fit(prompts.initial_prompt(self.task.instruction, screen))
         self._messages = [{"role": "user", "content": obs}]
         self._timings["reset"].append(time.monotonic() - started)
         return obs, {"messages": self.messages, "task": self.task.name, "turn": 0, "screen": screen}
@@ -234,8 +263,10 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         fault, ``truncated`` by a time or turn limit. ``info`` holds ``turn``, ``format_error``, ``warnings``,
         ``format_errors``, ``format_error_opening_streak``, ``truncated_turns``, ``new_messages``, ``commands`` (the
         commands typed, as ``{"keystrokes", "duration"}`` dicts) and ``terminal`` (what the terminal showed after them:
-        ``{"text", "is_screen"}``, or None when nothing ran); at the end also ``end_reason``, ``env_error`` and
-        ``episode`` (the summary). An action of another type raises ``TypeError`` and changes nothing.
+        ``{"text", "is_screen"}``, or None when nothing ran); at the end also ``end_reason``, ``env_error``,
+        ``episode`` (the summary) and ``verifier`` (the verifier's files by their names in a Harbor trial's
+        ``verifier/`` folder, its output ``test-stdout.txt`` among them; None when it did not run). An action of
+        another type raises ``TypeError`` and changes nothing.
         """
         reply = as_reply(action)
         episode = self._require_episode()
@@ -326,9 +357,11 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                 else:
                     result = await grade(_sandbox(episode), self.task)
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
+                    episode.verifier = dict(result.files)
                     tampering = tuple(finding.as_dict() for finding in result.tampering)
-                    if tampering and self.tamper is TamperPolicy.FAIL:
-                        reason, graded, reward = EndReason.TAMPERED, False, 0.0
+                    ending = tamper_ending(tampering, self.tamper)
+                    if ending is not None:
+                        reason, graded, reward = ending, False, 0.0
             except SandboxError as exc:  # the agent's processes may have starved or broken the verifier
                 reason = ending_after(await _failure(episode.sandbox, exc), grading=True, reason=reason)
                 graded = False
@@ -354,6 +387,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             fault=reason.fault,
             failure=failure,
             tampering=tampering,
+            summarizations=counters.summarizations,
         )
         await self._release_sandbox(keep_episode=True)
         return _Outcome(
@@ -367,7 +401,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
 
     def _step_result(self, episode: _Episode, outcome: _Outcome) -> tuple[str, float, bool, bool, dict[str, Any]]:
         counters = episode.counters
-        obs = _fit(outcome.obs)
+        obs = fit(outcome.obs)
         new_messages = [self._messages[-1]]
         if not outcome.ended:
             user = {"role": "user", "content": obs}
@@ -388,6 +422,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             info["end_reason"] = episode.summary.end_reason
             info["env_error"] = episode.summary.env_error
             info["episode"] = asdict(episode.summary)
+            info["verifier"] = episode.verifier
         return obs, float(outcome.reward), outcome.terminated, outcome.truncated, info
 
     # ----- helpers -----------------------------------------------------------------------------
@@ -441,51 +476,10 @@ async def _failure(sandbox: Sandbox | None, exc: SandboxError) -> Failure:
 
 
 def _terminal_info(output: TerminalOutput) -> dict[str, Any]:
-    return {"text": _fit(output.text), "is_screen": output.is_screen}
+    return {"text": fit(output.text), "is_screen": output.is_screen}
 
 
 def _sandbox(episode: _Episode) -> Sandbox:
     if episode.sandbox is None:
         raise RuntimeError("the episode's sandbox was already released")
     return episode.sandbox
-
-
-def _close_on_foreign_loop(loop: asyncio.AbstractEventLoop, coro: Any) -> None:
-    """Close an episode that an async user started, from sync ``close()`` (e.g. a Gymnasium wrapper)."""
-    if loop.is_closed():
-        coro.close()
-        return
-    if loop.is_running():
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            loop.create_task(coro)  # cannot block inside the loop; the close finishes right after
-        else:
-            asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
-        return
-    loop.run_until_complete(coro)
-
-
-_OUTSIDE_BMP = re.compile("[\ud800-\udfff\U00010000-\U0010ffff]")
-_CHARSET = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
-
-
-def _fit(text: str) -> str:
-    """Make text fit the Text space: basic-plane characters only, at most MAX_TEXT_LENGTH long."""
-    if not text.isascii():
-        text = _OUTSIDE_BMP.sub("\ufffd", text)
-    return text[:MAX_TEXT_LENGTH]
-
-
-@functools.lru_cache(maxsize=1)
-def _text_space_prototype() -> spaces.Text:
-    return spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET)
-
-
-def _text_space() -> spaces.Text:
-    """A Text space over the basic multilingual plane (building one costs ~1 s, so copy a prototype)."""
-    space = copy.copy(_text_space_prototype())
-    space._np_random = None  # each env seeds its own generator
-    return space

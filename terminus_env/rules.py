@@ -9,6 +9,7 @@ generated from :class:`EndReason` (:func:`end_reason_table`) and checked against
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from terminus_env.named import Named as _Named
@@ -36,6 +37,7 @@ class EndReason(_Named):
     RESOURCE_LIMIT = "resource_limit"
     VERIFIER_BROKEN = "verifier_broken"
     TAMPERED = "tampered"
+    UNVERIFIABLE = "unverifiable"
     ENV_ERROR = "env_error"
 
     @property
@@ -54,8 +56,9 @@ class EndReason(_Named):
 
     @property
     def masked(self) -> bool:
-        """A trainer should drop the episode: the infrastructure failed, so its reward says nothing of the model."""
-        return self.fault is Fault.INFRASTRUCTURE
+        """A trainer should drop the episode: its reward says nothing of the model (the infrastructure failed, or
+        the grade can be neither trusted nor blamed on the agent)."""
+        return self.fault is Fault.INFRASTRUCTURE or self is EndReason.UNVERIFIABLE
 
     @property
     def event(self) -> str:
@@ -88,6 +91,11 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
         "tests began or in the verifier's runtime, or the agent's program wrote the reward "
         "(`info['episode']['tampering']`)",
     ),
+    EndReason.UNVERIFIABLE: (
+        False, False, Fault.NONE,
+        "train (by default): the verifier's runner loaded a pytest plugin that a package the agent installed "
+        "registers, as an honest install of that package does too: the grade can be neither trusted nor blamed",
+    ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
         "Docker failed, the host's side raised, a sandbox did not start, the container was stopped from outside",
@@ -109,12 +117,15 @@ def end_reason_table() -> str:
 
 @dataclass(frozen=True)
 class Reply:
-    """A model reply with what the inference engine reported about it."""
+    """A model reply with what the inference engine reported about it, and the context length of the model that
+    wrote it (``max_model_len``), so that a reply cut because prompt and reply filled the context is told from one
+    cut at the per-turn limit."""
 
     text: str
     finish_reason: str = "stop"
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -123,7 +134,7 @@ class Reply:
             raise TypeError(f"Reply.text must be a str, not {kind}{hint}")
         if not isinstance(self.finish_reason, str):
             raise TypeError(f"Reply.finish_reason must be a str, not {type(self.finish_reason).__name__}")
-        for name in ("completion_tokens", "prompt_tokens"):
+        for name in ("completion_tokens", "prompt_tokens", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise TypeError(f"Reply.{name} must be a non-negative int or None, not {value!r}")
@@ -182,6 +193,16 @@ class TamperPolicy(_Named):
         return cls.FAIL if mode == "train" else cls.REPORT
 
 
+def tamper_ending(findings: Sequence[Mapping[str, object]], policy: TamperPolicy) -> EndReason | None:
+    """How a graded episode whose verifier run raised ``findings`` ends under ``policy``, or None when the grade
+    stands: ``tampered`` when any finding is certain, ``unverifiable`` (masked) when every one is uncertain."""
+    if not findings or policy is TamperPolicy.REPORT:
+        return None
+    if any(finding.get("certain", True) for finding in findings):
+        return EndReason.TAMPERED
+    return EndReason.UNVERIFIABLE
+
+
 @dataclass(frozen=True)
 class TurnLimits:
     """What bounds a turn and an episode, besides the task's time limit."""
@@ -204,6 +225,7 @@ class Counters:
     truncated_turns: int = 0
     warnings: int = 0
     awaiting_confirmation: bool = False
+    summarizations: int = 0  # lenient evaluation only: the conversation was summarized and replaced
 
 
 @dataclass(frozen=True)
@@ -274,10 +296,23 @@ def _within_turns(verdict: Verdict, limits: TurnLimits) -> Verdict:
 
 
 def _context_exceeded(reply: Reply, limits: TurnLimits) -> bool:
-    if reply.finish_reason == "context_length":
+    if reply.finish_reason == "context_length" or _filled_context(reply):
         return True
     limit = limits.max_context_tokens
     return limit is not None and reply.prompt_tokens is not None and reply.prompt_tokens > limit
+
+
+def _filled_context(reply: Reply) -> bool:
+    """A reply cut because prompt and reply reached the model's context: the next turn cannot fit, whatever the
+    per-turn limit, so this is the context's end, not a truncated turn."""
+    used = (reply.prompt_tokens or 0) + (reply.completion_tokens or 0)
+    return (
+        reply.finish_reason == "length"
+        and reply.max_model_len is not None
+        and reply.prompt_tokens is not None
+        and reply.completion_tokens is not None
+        and used >= reply.max_model_len
+    )
 
 
 def _turn_truncated(reply: Reply, limits: TurnLimits) -> bool:

@@ -71,7 +71,8 @@ def mask_reason(trajectory: Trajectory, policy: MaskingPolicy) -> str | None:
     """Why a rollout is masked on its own, or None when it trains. The one mapping from endings to masks.
 
     A rollout without a summary never ran (its sandbox failed to start); a masked end reason
-    (``EndReason.masked``: only ``env_error``) is the infrastructure's fault. Endings the agent caused
+    (``EndReason.masked``: ``env_error``, the infrastructure's fault, and ``unverifiable``, a grade neither trusted
+    nor blamed) says nothing of the model. Endings the agent caused
     (a format error, a truncated turn, a full context, a broken shell, a resource limit) train with
     their reward: masking them would hide the agent's own failures from it.
     """
@@ -195,6 +196,12 @@ def merged_sequences(
 
 def merge_trajectory(trajectory: Trajectory, drift: DriftPolicy, mask: str | None = None) -> list[MergedSequence]:
     """The merged sequence(s) of one trajectory; ``mask`` is its :func:`mask_reason`."""
+    if trajectory.summarized:
+        raise TrainingDataError(
+            f"rollout {trajectory.rollout_id}: its conversation was summarized and replaced (lenient evaluation's "
+            "context summarization), so its turns are not one token sequence; train on rollouts of train-mode envs, "
+            "or build step-wise rows (step_rows)"
+        )
     turns = _token_turns(trajectory)
     builder = _Builder(trajectory, mask)
     if not turns:

@@ -73,3 +73,38 @@ def terminate(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# A checkpoint's tensors as `save_pretrained` names them, small enough to write by hand (the weights themselves
+# are zeros: the simulated replicas load nothing, and the checks read only names, shapes and file lengths).
+TINY_SHAPES = {
+    "model.embed_tokens.weight": (32, 8),
+    "model.layers.0.self_attn.q_proj.weight": (8, 8),
+    "model.layers.0.mlp.down_proj.weight": (8, 16),
+    "model.norm.weight": (8,),
+    "lm_head.weight": (32, 8),
+}
+
+
+def write_checkpoint(
+    folder: Path, shapes: dict[str, tuple[int, ...]] = TINY_SHAPES, *, architecture: str = "Qwen2ForCausalLM",
+    cut_bytes: int = 0,
+) -> Path:  # fmt: skip
+    """A Hugging Face checkpoint folder: ``config.json`` and one safetensors file of float32 zeros, written as the
+    format lays it out (an 8-byte header length, the JSON header, the data), ``cut_bytes`` short at the end."""
+    import json
+    import math
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    data = struct.pack("<Q", len(encoded)) + encoded + bytes(offset)
+    (folder / "model.safetensors").write_bytes(data[: len(data) - cut_bytes])
+    (folder / "config.json").write_text(json.dumps({"architectures": [architecture], "tie_word_embeddings": False}))
+    return folder

@@ -93,7 +93,7 @@ def test_a_reward_renaming_loop_left_running_earns_nothing(tiny_task_dir):
         env.reset()
         env.step(reply(background(loop)))
         obs, *_ = env.step(reply("sleep 0.5; pgrep -fc '[.]x[.]sh'; cat /logs/verifier/reward.json\n"))
-        assert "\n1\n" in obs, "the loop must be running when the episode ends"
+        assert re.search(r"\n[1-9]\d*\n", obs), "the loop must be running when the episode ends"  # (a fork or two)
         assert '{"reward": 1}' in obs  # written, into the agent's own decoy
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
     assert terminated and info["end_reason"] == EndReason.TASK_COMPLETE and info["episode"]["graded"]

@@ -80,7 +80,10 @@ def test_the_suite_is_all_accounted_for() -> None:
 def test_oracle_earns_1_and_doing_nothing_earns_0(name: str, client: docker.DockerClient) -> None:
     outcomes = asyncio.run(check_task(COMPAT / name, lambda _: None))
     rewards = {o.check: o.reward for o in outcomes}
-    assert rewards == {"nop": 0.0, "oracle": 1.0}, [o.detail for o in outcomes if not o.passed]
+    assert rewards == {"nop": 0.0, "oracle": 1.0, "train-nop": 0.0, "train-oracle": 1.0}, [
+        o.detail for o in outcomes if not o.passed
+    ]
+    assert all(o.passed for o in outcomes), [o.detail for o in outcomes if not o.passed]
     assert nothing_left(client, os.getpid())
 
 
@@ -329,7 +332,8 @@ def test_a_prebuilt_image_is_used_when_present(tmp_path: Path, client: docker.Do
         task = load_task(copy)
         assert asyncio.run(task_image(task)) == tag
         outcomes = asyncio.run(check_task(copy, lambda _: None))
-        assert {o.check: o.reward for o in outcomes} == {"nop": 0.0, "oracle": 1.0}
+        expected = {"nop": 0.0, "oracle": 1.0, "train-nop": 0.0, "train-oracle": 1.0}
+        assert {o.check: o.reward for o in outcomes} == expected
 
         async def marker() -> bytes | None:
             async with await Sandbox.start(task.sandbox_spec(tag)) as sandbox:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from sandbox_support import containers_of_pid
 from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.evaluate import build_report, print_report
+from terminus_env.rollout.policy import request_seed
+from terminus_env.rollout.report import build_report, print_report
 from terminus_env.rollout.run_log import TaskStage, read_run
 from terminus_env.sandbox.images import prune_task_images
 
@@ -149,3 +151,46 @@ def test_resume_refuses_other_options_and_keeps_the_file(suite: Path, uninterrup
     assert cli_main(eval_command(suite, output)) == 2  # a new run never overwrites a run file
     assert "--resume" in capsys.readouterr().err
     assert output.read_bytes() == before
+
+
+def test_the_run_file_takes_one_writer(suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second eval on a run file that a running eval writes (a --resume too early) is refused and changes nothing."""
+    output = tmp_path / "busy.jsonl"
+    child = start_cli(eval_command(suite, output, "--concurrency", "1"), tmp_path)
+    deadline = time.monotonic() + 120
+    while rollout_lines(output) < 1 and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child.poll() is None, child.communicate()[0]
+    before = output.read_bytes()
+    assert cli_main(eval_command(suite, output, "--resume")) == 2
+    assert "is being written by another eval" in capsys.readouterr().err
+    assert output.read_bytes().startswith(before)  # nothing cut: the first eval goes on writing it
+    out, _ = child.communicate(timeout=300)
+    assert child.returncode == 1, out  # the broken tasks, as in an uninterrupted run
+    assert len(read_run(output).rollouts) == len(GOOD) * TRIALS
+
+
+def test_sampling_is_sent_as_asked_and_recorded(suite: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    output = tmp_path / "sampled.jsonl"
+    args = ["eval", str(suite), "--name", GOOD[0], "--sim", "1", "--output", str(output), "--jobs-dir",
+            str(tmp_path / "jobs"), "--temperature", "0.25", "--sampling", "top_k=5", "--sampling",
+            "seed=3"]  # fmt: skip
+    assert cli_main(args) == 0
+    contents = read_run(output)
+    config = contents.config
+    assert config.sampling == {"temperature": 0.25, "top_k": 5, "seed": 3}
+    assert (config.max_turns, config.summarize, config.summarize_threshold) == (None, True, 8000)  # Terminus 2's
+    assert config.context_window == 32768  # the simulated replica's, as its /v1/models reports it
+    trajectory = contents.rollouts[0].trajectory
+    for index, turn in enumerate(trajectory["turns"]):  # the seed is a base: each request gets one of its own
+        seed = request_seed(3, trajectory["rollout_id"], index)
+        assert turn["sampling"] == {"max_tokens": 16384, "temperature": 0.25, "top_k": 5, "seed": seed}
+    kwargs = json.loads((tmp_path / "jobs" / "sampled" / "config.json").read_text())["agents"][0]["kwargs"]
+    assert kwargs["sampling"] == config.sampling and kwargs["enable_summarize"] is True
+    assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "x.jsonl"), "--sampling",
+                     "max_tokens=5"]) == 2  # fmt: skip
+    assert "cannot set max_tokens" in capsys.readouterr().err
+    assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "y.jsonl"), "--sampling",
+                     "top_k"]) == 2  # fmt: skip
+    assert "KEY=VALUE" in capsys.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from terminus_env.rollout.evaluate import build_report, print_report
+from terminus_env.rollout.report import build_report, print_report
 from terminus_env.rollout.run_log import RolloutRecord, RunConfig, RunContents, TaskErrorRecord, TaskStage
 
 

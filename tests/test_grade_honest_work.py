@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from attack_support import cheat
+from attack_support import PYTEST_TESTS, PYTEST_VERIFIER, cheat
 
 from terminus_env import load_task
 
@@ -50,18 +50,8 @@ uv pip install pytest==8.4.1 anyio==4.9.0
 if uv run pytest /tests/test_outputs.py -rA; then r=1; else r=0; fi
 echo $r > /logs/verifier/reward.txt
 """
-SYSTEM_PYTEST_VERIFIER = """\
-#!/bin/bash
-mkdir -p /logs/verifier
-cd /app
-if python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py; then r=1; else r=0; fi
-echo $r > /logs/verifier/reward.txt
-"""
-HELLO_TESTS = """\
-def test_hello_was_written():
-    with open("/app/hello.txt") as handle:
-        assert handle.read() == "hello\\n"
-"""
+SYSTEM_PYTEST_VERIFIER = PYTEST_VERIFIER  # the image's pytest, run from the task's folder
+HELLO_TESTS = PYTEST_TESTS
 SOLVE_HELLO = "echo hello > /app/hello.txt\n"
 TASK_TOML = """\
 version = "1.0"
@@ -207,3 +197,69 @@ def test_a_vendored_pytest_plugin_the_projects_tests_need(tmp_path):
 
 def _quoted(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+PYTHON_WRITES_THE_REWARD = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+python3 - <<'EOF'
+import json, pathlib, sys
+helper = pathlib.Path("/tmp/grading/checks.py")  # a module of the verifier's own, written and imported here
+helper.parent.mkdir(exist_ok=True)
+helper.write_text("def passed():\\n    return open('/app/hello.txt').read() == 'hello\\\\n'\\n")
+sys.path.insert(0, str(helper.parent))
+import checks
+json.dump({"reward": 1.0 if checks.passed() else 0.0}, open("/logs/verifier/reward.json", "w"))
+EOF
+"""
+
+
+def test_a_reward_written_by_the_verifiers_own_python(tmp_path):
+    """The verifier's Python writes a module of its own (and its bytecode), imports it, then writes the reward: files
+    it wrote itself are its own, so nothing it ran was the agent's."""
+    task = make_task(tmp_path, "python-reward", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
+                     PYTHON_WRITES_THE_REWARD, HELLO_TESTS)  # fmt: skip
+    assert_earned(*cheat(task, SOLVE_HELLO)[1:])
+
+
+NO_BYTECODE_IMAGE = """\
+FROM terminus-env/base:bookworm
+# As official python images: no bytecode cache beside the image's modules, so the first Python to run writes it.
+RUN find /usr/lib/python3.11 /usr/lib/python3/dist-packages -name '*.pyc' -delete
+WORKDIR /app
+"""
+
+
+def test_the_bytecode_cache_the_agents_own_python_wrote(tmp_path):
+    """Any Python the agent runs writes the bytecode of the modules it imports beside them; the verifier's Python
+    then loads those files, before its tests begin. Each is exactly the compilation of the unchanged source beside
+    it, so it is no code of the agent's."""
+    task = make_task(tmp_path, "agents-bytecode", NO_BYTECODE_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS)
+    keys = "python3 -c 'import argparse, ast, enum, typing' && ls /usr/lib/python3.11/__pycache__ | grep -c argparse\n"
+    seen, reward, info = cheat(task, keys, SOLVE_HELLO)
+    assert "\n1\n" in seen  # the agent's Python wrote argparse's bytecode, which pytest imports at start
+    assert_earned(reward, info)
+
+
+WHEELS_IMAGE = """\
+FROM terminus-env/base:bookworm
+COPY wheels /opt/wheels
+WORKDIR /app
+"""
+# What `pip install httpx` leaves: anyio and its dependencies, each with the installer's RECORD (pip is not in the
+# base image; a wheel unpacked into the site folder is what pip writes, less its INSTALLER file).
+INSTALL_ANYIO = (
+    "for w in /opt/wheels/anyio-* /opt/wheels/sniffio-* /opt/wheels/idna-* /opt/wheels/typing_extensions-*; do "
+    "python3 -m zipfile -e $w /usr/local/lib/python3.11/dist-packages/; done\n"
+)
+
+
+def test_a_pytest_plugin_an_installed_package_registers_is_masked_not_zeroed(tmp_path, wheels):
+    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does):
+    pytest loads anyio's plugin before the tests begin, exactly as it would a cheat's plugin. The episode can be
+    neither trusted nor blamed: it ends `unverifiable`, masked, instead of zeroing an honest solution."""
+    task = make_task(tmp_path, "anyio-system", WHEELS_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS, wheels)
+    _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
+    episode = info["episode"]
+    assert (reward, info["end_reason"], info["env_error"], episode["fault"]) == (0.0, "unverifiable", True, "none")
+    assert episode["tampering"] and not any(finding["certain"] for finding in episode["tampering"])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyte
 import pytest
-from task_support import BROKEN, FLAKY_SEED, TASK, TRIALS, eval_args, small_suite
+from task_support import BROKEN, FAILURE, FLAKY_SEED, TASK, TRIALS, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
 from terminus_env.rollout.run_log import read_run
@@ -68,6 +68,23 @@ def test_every_trial_has_its_folder_and_the_job_its_counts(run: tuple[Path, Path
     assert config["agents"][0]["kwargs"]["policy"] == f"flaky-oracle:{FLAKY_SEED}"
 
 
+def test_each_trial_keeps_the_verifiers_output_and_a_log(run: tuple[Path, Path, int]) -> None:
+    """What a person opens first when a trial fails: the verifier's output, its reward file, and what happened."""
+    output, job, _ = run
+    for record in read_run(output).rollouts:
+        folder = job / f"{record.task}__{record.trial}"
+        stdout = (folder / "verifier" / "test-stdout.txt").read_text()
+        assert "test session starts" in stdout and stdout == record.trajectory["verifier"]["test-stdout.txt"]
+        assert float((folder / "verifier" / "reward.txt").read_text()) == record.reward
+        assert ("1 passed" in stdout) == (record.reward == 1.0)
+        log = (folder / "trial.log").read_text().splitlines()
+        assert log[0].endswith(f"{record.task} #{record.trial}: started") and log[0][:4].isdigit()  # stamped
+        assert f"ended: task_complete after {len(record.trajectory['turns'])} turns" in "\n".join(log)
+        if record.reward < 1:
+            assert log[-1].endswith(f"failure: {FAILURE}") and "test_hello_file" in stdout
+    assert not (job / f"{BROKEN}__0" / "verifier").exists()  # a task that never ran has no verifier output
+
+
 def test_the_trajectory_holds_turns_keystrokes_screens_and_format_errors(run: tuple[Path, Path, int]) -> None:
     output, job, _ = run
     record = next(r for r in read_run(output).rollouts if r.trial == 0)
@@ -83,7 +100,7 @@ def test_the_trajectory_holds_turns_keystrokes_screens_and_format_errors(run: tu
     (call,) = solving["tool_calls"]
     assert call["function_name"] == "bash_command"
     assert call["arguments"] == {"keystrokes": turns[1]["commands"][0]["keystrokes"], "duration": 60.0}
-    assert call["arguments"]["keystrokes"].endswith("bash /solution/solve.sh\n")
+    assert call["arguments"]["keystrokes"].endswith("bash $S/solve.sh\n")
     assert solving["observation"]["results"][0]["source_call_id"] == call["tool_call_id"]
     assert "New terminal output:" in solving["observation"]["results"][0]["content"]
     last = steps[-1]
@@ -111,7 +128,7 @@ def test_the_recording_replays_the_terminal_turn_by_turn(run: tuple[Path, Path, 
     shown = [data for _, kind, data in events if kind == "o"]
     assert record.trajectory["screen"].replace("\n", "\r\n") in shown[0]  # the first screen at time 0
     assert len(shown) == 1 + sum(1 for turn in turns if turn["terminal"] is not None)  # one frame per executed turn
-    assert "bash /solution/solve.sh" in shown[1] and "\r\n" in shown[1]
+    assert "bash $S/solve.sh" in shown[1] and "\r\n" in shown[1]
 
 
 def test_a_terminal_replaying_the_recording_shows_what_tmux_showed(run: tuple[Path, Path, int]) -> None:
@@ -128,7 +145,7 @@ def test_a_terminal_replaying_the_recording_shows_what_tmux_showed(run: tuple[Pa
         terminal.feed(frame)
     replayed = "\n".join(line.rstrip() for line in screen.display).rstrip()
     assert replayed == terminals[2]["text"].rstrip()
-    assert "bash /solution/solve.sh" in replayed
+    assert "bash $S/solve.sh" in replayed
 
 
 def test_a_resumed_run_writes_the_trials_its_job_lacks(run: tuple[Path, Path, int], tmp_path: Path) -> None:

@@ -99,3 +99,23 @@ def test_a_task_fixed_before_the_resume_drops_its_old_error(tmp_path: Path) -> N
     log.append(record("a", 0))
     log.close()
     assert read_run(path).current_task_errors() == [TaskErrorRecord("b", TaskStage.IMAGE, "ImageBuildError: new")]
+
+
+def test_a_run_file_takes_one_writer(tmp_path: Path) -> None:
+    """A second writer (a resume while the run goes on) is refused before it reads or cuts anything; the lock goes
+    with the first writer."""
+    path = tmp_path / "run.jsonl"
+    log = RunLog.create(path, CONFIG)
+    log.append(record("a", 0))
+    with path.open("ab") as torn:
+        torn.write(b'{"kind": "rollout", "task": "a", "tri')  # a record the first writer is in the middle of
+    size = path.stat().st_size
+    with pytest.raises(RunFileError, match="being written by another eval"):
+        RunLog.resume(path)
+    assert path.stat().st_size == size  # nothing was cut while the first writer holds the file
+    log.close()
+    log, contents = RunLog.resume(path)
+    assert contents.finished() == {("a", 0)}
+    with pytest.raises(RunFileError, match="being written by another eval"):
+        RunLog.resume(path)
+    log.close()

@@ -12,11 +12,13 @@ from terminus_env.rules import (
     EndReason,
     Fault,
     Reply,
+    TamperPolicy,
     TurnLimits,
     as_reply,
     end_reason_table,
     judge_after_commands,
     judge_reply,
+    tamper_ending,
 )
 
 STRICT = TurnLimits(Strictness(True, True))
@@ -52,8 +54,18 @@ def test_what_each_ending_implies(reason: EndReason, graded: bool, truncated: bo
     assert reason == reason.value  # a str: comparisons and JSON see the plain name
 
 
-def test_only_the_infrastructure_is_ever_masked() -> None:
-    assert [reason for reason in EndReason if reason.masked] == [EndReason.ENV_ERROR]
+def test_only_the_infrastructure_and_an_unverifiable_grade_are_ever_masked() -> None:
+    assert [reason for reason in EndReason if reason.masked] == [EndReason.UNVERIFIABLE, EndReason.ENV_ERROR]
+    assert EndReason.UNVERIFIABLE.fault is Fault.NONE  # no one's fault: neither trusted nor blamed
+
+
+def test_a_tampered_grade_ends_by_its_most_certain_finding() -> None:
+    certain, uncertain = {"kind": "startup_hook", "certain": True}, {"kind": "runner_config", "certain": False}
+    assert tamper_ending([], TamperPolicy.FAIL) is None
+    assert tamper_ending([uncertain, certain], TamperPolicy.FAIL) is EndReason.TAMPERED
+    assert tamper_ending([uncertain], TamperPolicy.FAIL) is EndReason.UNVERIFIABLE
+    assert tamper_ending([{"kind": "runner_config"}], TamperPolicy.FAIL) is EndReason.TAMPERED  # unsaid: certain
+    assert tamper_ending([certain], TamperPolicy.REPORT) is None  # evaluation keeps the verifier's reward
 
 
 @pytest.mark.parametrize(
@@ -65,6 +77,17 @@ def test_only_the_infrastructure_is_ever_masked() -> None:
         (LENIENT, Reply(GOOD, finish_reason="context_length"), EndReason.CONTEXT_LIMIT, False),
         (TurnLimits(Strictness(False, False), max_context_tokens=10), Reply(GOOD, prompt_tokens=11),
          EndReason.CONTEXT_LIMIT, False),
+        # Cut where prompt and reply filled the model's context (the engine's cap, not the per-turn limit): the
+        # conversation no longer fits, in either mode, whatever the reply holds.
+        (STRICT, Reply(GOOD, "length", completion_tokens=48, prompt_tokens=4048, max_model_len=4096),
+         EndReason.CONTEXT_LIMIT, False),
+        (LENIENT, Reply(GOOD, "length", completion_tokens=48, prompt_tokens=4048, max_model_len=4096),
+         EndReason.CONTEXT_LIMIT, False),
+        (LENIENT, Reply("no xml", "length", completion_tokens=96, prompt_tokens=4000, max_model_len=4096),
+         EndReason.CONTEXT_LIMIT, False),
+        # Cut at the per-turn limit with room left in the context: a truncated turn.
+        (STRICT, Reply(GOOD, "length", completion_tokens=48, prompt_tokens=4000, max_model_len=4096),
+         EndReason.TURN_TRUNCATED, False),
     ],
 )  # fmt: skip
 def test_replies_that_end_the_episode_before_anything_runs(limits, reply, end, format_error) -> None:
@@ -87,6 +110,12 @@ def test_lenient_feeds_a_rejected_turn_back_and_counts_the_opening_streak() -> N
     assert second.run is not None and second.counters.opened
     third = judge_reply(Reply("no xml"), second.counters, LENIENT, out_of_time=False)
     assert (third.counters.format_errors, third.counters.opening_streak) == (2, 1)
+
+
+def test_lenient_a_turn_cut_at_its_limit_with_room_in_the_context_is_fed_back_as_truncated() -> None:
+    verdict = judge_reply(Reply("<response><commands>", "length", completion_tokens=48, prompt_tokens=100,
+                                max_model_len=4096), Counters(), LENIENT, out_of_time=False)  # fmt: skip
+    assert verdict.end is None and verdict.counters.truncated_turns == 1 and "16384" in (verdict.feedback or "")
 
 
 def test_lenient_salvages_a_truncated_turn_up_to_its_response_end() -> None:
@@ -140,7 +169,7 @@ def test_actions_other_than_text_or_reply_are_refused(action) -> None:
 @pytest.mark.parametrize(
     "fields",
     [{"text": None}, {"text": b"x"}, {"text": "x", "finish_reason": None}, {"text": "x", "completion_tokens": -1},
-     {"text": "x", "prompt_tokens": 1.5}, {"text": "x", "prompt_tokens": True}],
+     {"text": "x", "prompt_tokens": 1.5}, {"text": "x", "prompt_tokens": True}, {"text": "x", "max_model_len": -1}],
 )  # fmt: skip
 def test_a_reply_is_checked_when_made(fields) -> None:
     with pytest.raises(TypeError):

@@ -19,6 +19,7 @@ from terminus_env.sandbox.tamper import (
     TamperKind,
     UsedFile,
     WatchReport,
+    is_bytecode,
     judge,
     link_candidates,
     queries,
@@ -202,6 +203,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
         "relinked": [{"path": "/usr/bin/python3", "target": "/usr/bin/true", "exec": True, "magic": "7f454c46"}],
         "watch": {"complete": True, "events": 10, "early_code": ["/usr/bin/true"], "runner_signal": 9,
                   "reward_refused": [{"path": "/logs/verifier/reward.txt", "pid": 42, "why": "ran /app/x.sh"}]},
+        "links": [{"path": "/app/pytest", "target": "/usr/lib/python3.11/json", "folder": True}],
     }  # fmt: skip
     report = WatchReport.from_reply(reply)
     assert report.used == (UsedFile("/zz.pth", False, b"impo", b"import os\n", early=False),)
@@ -209,6 +211,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
     assert report.complete and not WatchReport.from_reply({}).complete
     assert report.early_code == {"/usr/bin/true"} and report.runner_signal == 9
     assert report.reward_refused == (RewardOpen("/logs/verifier/reward.txt", 42, "ran /app/x.sh"),)
+    assert report.links == (Relink("/app/pytest", "/usr/lib/python3.11/json", folder=True),)
 
 
 def test_code_changed_while_the_verifier_ran_is_flagged_whatever_its_name() -> None:
@@ -311,8 +314,10 @@ def test_which_paths_of_the_diff_could_be_a_link_that_hijacks_a_load() -> None:
         "/app/.venv/lib/python3.11/site-packages/pluggy/__init__.py",
         "/usr/local/lib/python3.11/dist-packages/pytest/__main__.py",
     }  # fmt: skip
-    assert queries(WatchReport(early_code=frozenset({"/x.py"})), "/app").links
-    assert not queries(WatchReport(), "/app").links
+    assert [is_bytecode(p) for p in ("/usr/lib/python3.11/__pycache__/json.cpython-311.pyc", "/app/x.pyc")] == [
+        True,
+        False,
+    ]
 
 
 def test_a_reward_opened_by_the_agents_program_and_a_killed_test_script() -> None:
@@ -321,3 +326,25 @@ def test_a_reward_opened_by_the_agents_program_and_a_killed_test_script() -> Non
     found = judge(report, "/app")
     assert [finding.kind for finding in found] == [TamperKind.REWARD_FORGED, TamperKind.RUNNER_KILLED]
     assert "pid 77 ran /app/answer.sh" in found[0].detail and "signal 9" in found[1].detail
+
+
+def test_a_pytest_plugin_installed_as_an_installer_does_is_uncertain() -> None:
+    """`pip install httpx` registers anyio's pytest plugin, which the image's pytest then loads before the tests: an
+    honest install looks like a cheat's, so what the runner loaded from that site folder is uncertain (the episode
+    is masked, not zeroed). A registration without the installer's RECORD, or code from elsewhere, stays certain."""
+    site = "/usr/local/lib/python3.11/dist-packages"
+    plugin = b"[pytest11]\nanyio = anyio.pytest_plugin\n"
+    entry = UsedFile(f"{site}/anyio-4.9.0.dist-info/entry_points.txt", head=plugin)
+    module = UsedFile(f"{site}/anyio/pytest_plugin.py")
+    elsewhere = UsedFile("/app/helper.py")
+    report = WatchReport((entry, module, elsewhere))
+    record = f"{site}/anyio-4.9.0.dist-info/RECORD"
+    assert record in queries(report, "/app").patterns
+    installed = {record: [{"path": record, "changed": True}]}
+    found = {(f.path, f.kind.value): f.certain for f in judge(report, "/app", found=installed)}
+    assert found == {
+        (entry.path, "runner_config"): False,
+        (module.path, "loaded_before_tests"): False,
+        (elsewhere.path, "loaded_before_tests"): True,
+    }
+    assert all(f.certain for f in judge(report, "/app"))  # no RECORD: a registration of the agent's own making

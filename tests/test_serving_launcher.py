@@ -18,8 +18,10 @@ import httpx
 import pytest
 from serving_support import pid_alive, terminate
 
+from terminus_env.serving.client import FRESH_WEIGHT_VERSION
 from terminus_env.serving.launcher import WHOLE_PREFILL_NOTE, LaunchError, build_parser, main, plan
 from terminus_env.serving.serve_process import free_ports
+from terminus_env.serving.weight_sync import BROKEN_TAG
 
 STUB = """#!{python}
 # A stand-in for `python -m vllm.entrypoints.openai.api_server --model MODEL --port P ...`: answers the
@@ -41,8 +43,10 @@ if straggler and os.fork() == 0:
             out.write("x"); out.flush(); time.sleep(0.001)
 with open(os.path.join({records!r}, port + ".json"), "w") as f:
     json.dump(record, f)
+sync = ["--weight-sync"] if os.environ.get("VLLM_SERVER_DEV_MODE") == "1" else []
+name = args[args.index("--served-model-name" if "--served-model-name" in args else "--model") + 1]
 os.execv(sys.executable, [sys.executable, "-m", "terminus_env.serving.sim", "serve", "--port", port,
-                          "--model", args[args.index("--model") + 1], "--time-scale", "0"])
+                          "--model", name, "--time-scale", "0", *sync])
 """
 
 
@@ -107,8 +111,8 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_python):
     args = ["--model", "tiny", "--dp", "2", "--tp", "2", "--port", str(port), "--device", "gpu"]
     with _launched(env, python, *args, "--planned-concurrency", "600", "--", "--gpu-memory-utilization", "0.9") as proc:
         lines = _read_until_ready(proc)
-        assert f"  http://127.0.0.1:{port}  (GPUs 4,5)" in lines
-        assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7)" in lines
+        assert f"  http://127.0.0.1:{port}  (GPUs 4,5, seed 0)" in lines
+        assert f"  http://127.0.0.1:{port + 1}  (GPUs 6,7, seed 1)" in lines
         for i in range(2):
             reply = httpx.post(
                 f"http://127.0.0.1:{port + i}/v1/chat/completions",
@@ -124,6 +128,8 @@ def test_serve_starts_replicas_and_ctrl_c_stops_them(stub_python):
         assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         assert argv[argv.index("--max-num-seqs") + 1] == "300"  # ceil(600/2) > vLLM's default of 256
         assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"  # after temperature, for IS
+        # Each replica its own sampling seed: with vLLM's one default, replicas fed alike sample alike.
+        assert [r["argv"][r["argv"].index("--seed") + 1] for r in seen] == ["0", "1"]
         assert argv[-2:] == ["--gpu-memory-utilization", "0.9"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -134,15 +140,18 @@ def test_on_the_cpu_each_replica_is_pinned_to_its_own_cores(stub_python):
     env, records, python = stub_python
     port = free_ports(2)
     with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(port), "--device", "cpu",
-                   "--weight-sync") as proc:  # fmt: skip
+                   "--weight-sync", "--", "--served-model-name", "policy") as proc:  # fmt: skip
         lines = _read_until_ready(proc)
+        # The command printed names the model as requests must (the served name), so it runs as printed.
+        assert lines[-1] == (f"evaluate with: terminus-env eval --model policy --base-url http://127.0.0.1:{port} "
+                             f"--base-url http://127.0.0.1:{port + 1}")  # fmt: skip
         seen = _records(records)
         bound = [r["bind"] for r in seen]
         cores = sorted(os.sched_getaffinity(0))
         share = len(cores) // 2
         halves = [cores[:share], cores[share : 2 * share]]
         assert bound == [str(h[0]) if len(h) == 1 else f"{h[0]}-{h[-1]}" for h in halves]
-        assert f"  http://127.0.0.1:{port}  (CPU cores {bound[0]})" in lines
+        assert f"  http://127.0.0.1:{port}  (CPU cores {bound[0]}, seed 0)" in lines
         assert [r["dev"] for r in seen] == ["1", "1"]  # --weight-sync opens vLLM's development endpoints
         assert "--tensor-parallel-size" not in seen[0]["argv"]
         assert "--no-enable-chunked-prefill" in seen[0]["argv"] and WHOLE_PREFILL_NOTE in lines
@@ -177,7 +186,7 @@ def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub
     port = free_ports(3)
     logs = tmp_path / "logs"
     args = ["--model", "tiny", "--dp", "3", "--port", str(port), "--log-dir", str(logs), "--device", "gpu",
-            "--max-restarts", "1"]  # fmt: skip
+            "--max-restarts", "1", "--seed", "10"]  # fmt: skip
     with _launched(env, python, *args) as proc:
         _read_until_ready(proc)
         assert f"on http://127.0.0.1:{port + 2}" in (logs / "replica-2.log").read_text()
@@ -191,6 +200,8 @@ def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub
             time.sleep(0.1)
         again = _records(records)
         assert again[1]["pid"] != seen[1]["pid"] and _healthy(f"http://127.0.0.1:{port + 1}")
+        seeds = [r["argv"][r["argv"].index("--seed") + 1] for r in again]
+        assert seeds == ["10", "13", "12"]  # started again with a seed no start had: it does not replay its draws
         assert [r["pid"] for r in again[::2]] == [r["pid"] for r in seen[::2]]  # the others were never touched
         assert proc.poll() is None
         os.kill(again[1]["pid"], signal.SIGKILL)  # its one restart is spent: it stays down, the others serve on
@@ -199,6 +210,30 @@ def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert _wait_dead([r["pid"] for r in again])
+
+
+def test_a_replica_tagged_broken_by_a_failed_weight_load_is_started_again_uncounted(stub_python):
+    """What ServingPool does with a replica that failed to load weights and could not take the last good ones back:
+    tag it on /weight_info and leave it paused. The launcher restarts it, whatever --max-restarts says."""
+    env, records, python = stub_python
+    port = free_ports(2)
+    with _launched(env, python, "--model", "tiny", "--dp", "2", "--port", str(port), "--max-restarts", "0",
+                   "--weight-sync") as proc:  # fmt: skip
+        _read_until_ready(proc)
+        seen = _records(records)
+        url = f"http://127.0.0.1:{port + 1}"
+        httpx.post(f"{url}/update_weight_version", json={"new_version": BROKEN_TAG}, timeout=10).raise_for_status()
+        _stderr_until(proc, f"replica 1 ({url}) failed to load weights and could not take the last good ones back; "
+                      "starting it again")  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not _healthy(url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        again = _records(records)
+        assert again[1]["pid"] != seen[1]["pid"] and again[0]["pid"] == seen[0]["pid"] and not pid_alive(seen[1]["pid"])
+        assert httpx.get(f"{url}/weight_info", timeout=10).json()["weight_version"] == FRESH_WEIGHT_VERSION
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
 
 
 def test_with_no_replica_left_the_launcher_exits(stub_python):
@@ -259,6 +294,8 @@ def test_max_num_seqs_below_the_planned_share_is_refused(stub_python, capsys):
 def test_flags_serve_owns_are_refused_after_the_separator(stub_python, capsys):
     assert main(["--python", stub_python[2], "--model", "m", "--", "--port", "9000"]) == 2
     assert "--port after `--` conflicts" in capsys.readouterr().err
+    assert main(["--python", stub_python[2], "--model", "m", "--", "--seed", "3"]) == 2  # one seed for all: copies
+    assert "--seed after `--` conflicts" in capsys.readouterr().err
 
 
 def test_too_few_visible_gpus_is_refused(stub_python, capsys, monkeypatch):

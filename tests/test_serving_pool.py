@@ -203,18 +203,56 @@ def test_context_length_is_typed_and_keeps_the_replica_up():
     assert up and ok.completion_tokens > 0
 
 
-def test_a_turn_limit_above_the_models_context_says_what_to_lower():
-    """vLLM refuses max_tokens above max_model_len outright (not a context overflow of the conversation)."""
+def test_a_turn_limit_above_the_models_context_asks_for_what_fits():
+    """vLLM refuses max_tokens above max_model_len outright: the pool asks for at most the context length its
+    /v1/models reports, the engine cuts that to the room the prompt leaves, and the completion says the context."""
     config = ServerConfig(model="m", time_scale=0.0, engine=SimConfig(num_gpu_blocks=64, max_model_len=100))
 
     async def main():
         async with SimServer(config) as a, ServingPool([a.url], "m", scrape_interval_s=0.05) as pool:
             async with pool.session("s"):
-                with pytest.raises(ServingError, match="--max-turn-tokens") as refused:
-                    await pool.chat("s", [{"role": "user", "content": "hi"}], max_tokens=16384)
-        return refused.value
+                filled = await pool.chat("s", [{"role": "user", "content": "hi"}], max_tokens=16384, ignore_eos=True)
+            async with ReplicaClient(a.url) as alone:
+                with pytest.raises(ServingError, match="at most its max_model_len") as refused:
+                    await alone.chat("m", [{"role": "user", "content": "hi"}], max_tokens=16384)
+        return filled, refused.value
 
-    assert not isinstance(run(main()), ContextLengthExceeded)
+    filled, refused = run(main())
+    assert filled.finish_reason == "length" and filled.max_model_len == 100
+    assert filled.prompt_tokens + filled.completion_tokens == 100
+    assert not isinstance(refused, ContextLengthExceeded)
+
+
+def test_a_server_that_refuses_a_reply_overflowing_with_the_prompt_is_asked_for_the_room_left():
+    """vLLM before it cut such requests refused them with the counts in its message (a 400 naming the context):
+    the client asks again for the room the prompt leaves, once, rather than ending the episode at its context."""
+    asked = []
+
+    def old_vllm(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        asked.append(body["max_tokens"])
+        if body["max_tokens"] > 60:
+            message = ("This model's maximum context length is 100 tokens. However, you requested 140 tokens (40 in "
+                       "the messages, 100 in the completion). Please reduce the length of the messages or completion.")
+            return httpx.Response(400, json={"message": message})
+        return httpx.Response(200, json={
+            "choices": [{"message": {"content": "ok"}, "finish_reason": "length", "token_ids": [1] * 60,
+                         "logprobs": None}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 60}, "prompt_token_ids": [2] * 40})  # fmt: skip
+
+    full = httpx.Response(400, json={"message": "This model's maximum context length is 100 tokens. However, you "
+                                     "requested 160 tokens (100 in the messages, 60 in the completion)."})  # fmt: skip
+
+    async def main():
+        async with ReplicaClient("http://x", transport=httpx.MockTransport(old_vllm)) as client:
+            done = await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=100)
+        async with ReplicaClient("http://x", transport=httpx.MockTransport(lambda request: full)) as client:
+            with pytest.raises(ContextLengthExceeded):  # a prompt that fills the context is still the context's end
+                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=60)
+        return done
+
+    done = run(main())
+    assert asked == [100, 60] and done.completion_tokens == 60
 
 
 def _free_port() -> int:
@@ -394,3 +432,14 @@ def _raise(exc: Exception):
         raise exc
 
     return handler
+
+
+def test_a_pool_for_a_model_the_replica_does_not_serve_says_which_it_serves():
+    async def main():
+        async with SimServer(ServerConfig(model="served-name", time_scale=0.0)) as a:
+            pool = ServingPool([a.url], "/path/it/was/started/from")
+            with pytest.raises(ServingError, match="serves 'served-name', not '/path/it/was/started/from'"):
+                await pool.start()
+            await pool.aclose()
+
+    run(main())

@@ -3,12 +3,16 @@ Read without Docker; tests/compat/harbor-newer-fields runs the honoured ones for
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
-from test_tasks_loader import harbor_task, tb1_task
+from test_tasks_loader import harbor_task, tb1_task, write
 
+from terminus_env.rollout.policy import oracle_reply
 from terminus_env.tasks import TaskError, load_task
 from terminus_env.tasks.harbor_fields import FIELDS, Handling
 
@@ -134,6 +138,26 @@ mcp_servers = [
     )
     assert task.metadata["task"]["name"] == "acme/fields" and task.notes == ()
     assert FIELDS["artifacts"].handling is Handling.IGNORED
+
+
+@pytest.mark.parametrize("unwritable", [False, True], ids=["solution-folder", "agent-user-cannot-write-it"])
+def test_the_typed_oracle_gives_solve_sh_the_solution_env(tmp_path: Path, unwritable: bool) -> None:
+    """The oracle policy types its solution into the terminal: [solution.env] must reach solve.sh there as well,
+    every value exactly (quotes, `$`, newlines, tabs, non-ASCII), or a correct solution earns 0 in train mode; and
+    a non-root agent user who cannot make /solution still runs it (from a temporary folder)."""
+    values = {"PLAIN": "tide-pool", "QUOTED": 'it\'s $HOME `x` \\ "q"', "LINES": "a\nb\tc\n\n", "ODD": "\u2028é\x01"}
+    table = "".join(f"{name} = {json.dumps(value)}\n" for name, value in values.items())
+    folder = harbor_task(tmp_path, toml=f'[task]\nname = "acme/env"\n\n[solution.env]\n{table}')
+    dumped = tmp_path / "env.json"
+    dump = "import json, os; print(json.dumps(dict(os.environ)))"
+    write(folder / "solution" / "solve.sh", f"python3 -c '{dump}' > {dumped}\n")
+    keystrokes = re.search(r"<keystrokes[^>]*>(.*)</keystrokes>", oracle_reply(load_task(folder), 0), re.DOTALL)
+    assert keystrokes is not None
+    target = "/proc/no-such-folder" if unwritable else str(tmp_path / "solution-copy")  # for the container's /solution
+    line = keystrokes.group(1).replace("S=/solution", f"S={target}")
+    subprocess.run(["bash", "-c", line], check=True, env={"PATH": os.environ["PATH"]})
+    seen = json.loads(dumped.read_text())
+    assert {name: seen.get(name) for name in values} == values
 
 
 def test_terminal_bench_1_fields_of_its_newest_harness_are_known(tmp_path: Path) -> None:

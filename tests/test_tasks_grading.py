@@ -193,9 +193,28 @@ def test_grading_works_while_the_agent_left_a_command_running(tmp_path: Path) ->
     run(scenario())
 
 
-def test_shipped_hello_world_passes_both_checks() -> None:
+def test_shipped_hello_world_passes_every_check() -> None:
     outcomes = run(check_task(find_task("hello-world").path, lambda _: None))
-    assert [(o.check, o.reward, o.passed) for o in outcomes] == [("nop", 0.0, True), ("oracle", 1.0, True)]
+    assert [(o.check, o.reward, o.passed) for o in outcomes] == [
+        ("nop", 0.0, True), ("oracle", 1.0, True), ("train-nop", 0.0, True), ("train-oracle", 1.0, True)
+    ]  # fmt: skip
+
+
+def test_check_names_an_oracle_flagged_as_tampering_in_train_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An oracle that adds a start-up hook to the verifier's Python earns 1 in a plain grade's reward, but
+    train mode ends its episode `tampered`: the check fails it and names the finding and the path."""
+    suite = tmp_path / "suite"
+    hook = "/etc/python3.11/sitecustomize.py"  # what Debian's /usr/lib/python3.11/sitecustomize.py links to
+    folder = harbor_task(suite, solve=f"cat /solution/answer.txt > /app/out.txt\necho 'import os' > {hook}\n")
+    write(folder / "tests" / "test.sh", HARBOR_TEST.replace("mkdir -p /logs/verifier", "python3 -c 'print(1)'"))
+    assert run_check(suite, jobs=1) == 1
+    out = capsys.readouterr().out
+    flagged = [line for line in out.splitlines() if "FAIL train-oracle tiny-harbor" in line]
+    assert len(flagged) == 1, out
+    assert f"flagged as tampering in train mode: startup_hook {hook}" in flagged[0]
+    assert any(line.startswith("[") and "ok   train-nop tiny-harbor  reward=0" in line for line in out.splitlines())
 
 
 def test_check_fails_a_task_whose_oracle_does_not_solve_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,7 +234,7 @@ def test_check_passes_a_valid_suite(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "2/2 tasks valid" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]
-    assert rows == [["tiny-harbor", "0", "1", "ok"], ["tiny-tb1", "0", "1", "ok"]]
+    assert rows == [["tiny-harbor", "0", "1", "0", "1", "ok"], ["tiny-tb1", "0", "1", "0", "1", "ok"]]
 
 
 def test_verifier_leaving_a_process_behind_does_not_hold_grading(tmp_path: Path) -> None:

@@ -35,14 +35,31 @@ def test_reward_txt_is_a_decimal_in_the_unit_interval(data: bytes, expected: flo
     ("data", "expected", "ok"),
     [
         (b'{"reward": 0.2, "other": 1}', 0.2, True),
+        # beside a reward key, counters and notes are the verifier's own business (Harbor's verifiers write them)
+        (b'{"reward": 1.0, "visible_passed": 7, "hidden_passed": 3, "hidden_total": 3}', 1.0, True),
+        (b'{"reward": 0.5, "note": "half", "detail": {"a": [1, 2]}, "ok": true, "ratio": NaN, "n": -4}', 0.5, True),
+        (b'{"reward": 0, "big": ' + b"9" * 400 + b"}", 0.0, True),
+        # the reward itself is judged as ever
+        (b'{"reward": 1.5, "passed": 7}', 0.0, False),
+        (b'{"reward": -0.1}', 0.0, False),
+        (b'{"reward": NaN}', 0.0, False),
+        (b'{"reward": Infinity, "passed": 1}', 0.0, False),
+        (b'{"reward": "1"}', 0.0, False),
+        (b'{"reward": true}', 0.0, False),
+        (b'{"reward": null, "passed": 1}', 0.0, False),
+        (b'{"reward": ' + b"9" * 400 + b"}", 0.0, False),
+        # without one: the mean of the values, every one a number in [0, 1]
         (b'{"a": 1, "b": 0}', 0.5, True),
+        (b'{"a": 1, "b": 0.5, "c": 0}', 0.5, True),
         (b'{"a": true}', 0.0, False),
+        (b'{"a": 1, "passed": 7}', 0.0, False),
+        (b'{"a": 1, "b": -1}', 0.0, False),
+        (b'{"a": 1, "b": NaN}', 0.0, False),
+        (b'{"a": 1, "note": "x"}', 0.0, False),
         (b"[1, 2]", 0.0, False),
         (b"{}", 0.0, False),
         (b"{", 0.0, False),
-        (b'{"reward": NaN}', 0.0, False),
-        (b'{"reward": 1.5}', 0.0, False),
-        (b'{"a": 1, "b": -1}', 0.0, False),
+        (b"[" * 100_000, 0.0, False),
     ],
 )
 def test_reward_json(data: bytes, expected: float, ok: bool) -> None:

@@ -66,7 +66,7 @@ def test_a_solved_trial_reads_turn_by_turn_in_a_browser(run: tuple[Path, Path], 
     assert f"Format error (nothing ran): {turns[0]['format_error']}" in shown  # the careless opening
     assert "Let me look at the task first." in shown
     assert "Oracle run." in shown and "Apply the reference solution." in shown  # analysis and plan, parsed
-    assert "bash /solution/solve.sh⏎" in shown  # the keystrokes, Enter shown
+    assert "bash $S/solve.sh⏎" in shown  # the keystrokes, Enter shown
     assert "waits up to 60 s" in shown
     assert "New terminal output:" in shown and "root@" in shown  # the screen after
     assert "Marked the task complete." in shown
@@ -81,6 +81,8 @@ def test_an_unsolved_trial_from_the_run_file_says_why(run: tuple[Path, Path], br
     assert "reward 0" in shown and f"Why it earned less than 1: {FAILURE}" in shown.replace("\n", " ")
     assert browser.evaluate(BADGE) == [RED, WHITE]
     assert "Give up." in shown and shown.rstrip().endswith("Ended: task_complete; reward 0.")
+    assert "The verifier" in shown and "reward.txt: 0" in shown  # its output is open on a failed trial
+    assert "test session starts" in shown and "AssertionError: /app/hello.txt is missing" in shown
 
 
 def test_view_picks_a_trial_and_says_how_to_pick_another(run: tuple[Path, Path],

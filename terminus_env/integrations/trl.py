@@ -61,7 +61,11 @@ REWARD_FIELD = "env_reward"
 
 
 class TerminusRollouts:
-    """TRL's ``rollout_func``; call :meth:`close` (or use ``with``) when training ends."""
+    """TRL's ``rollout_func``; call :meth:`close` (or use ``with``) when training ends.
+
+    ``max_tokens`` is the one per-turn limit: the engine cuts each reply there, and the env judges the cut by it
+    (``max_turn_tokens``). A ``seed`` in ``sampling`` becomes one per rollout and turn, so a group holds no copies.
+    """
 
     def __init__(
         self,
@@ -88,6 +92,13 @@ class TerminusRollouts:
         self._model = model
         self._policy = policy
         self._env_kwargs = {"mode": "train", **dict(env_kwargs or {})}
+        if policy is None:  # one limit: the engine cuts a reply at max_tokens, the env judges and names that cut
+            turn_limit = self._env_kwargs.setdefault("max_turn_tokens", max_tokens)
+            if turn_limit != max_tokens:
+                raise ValueError(
+                    f"env_kwargs max_turn_tokens={turn_limit} differs from max_tokens={max_tokens}: the engine cuts "
+                    "each reply at max_tokens, which the env judges by max_turn_tokens; pass max_tokens alone"
+                )
         self._max_tokens = max_tokens
         self._sampling = dict(sampling or {})
         self._drift = drift
@@ -137,7 +148,9 @@ class TerminusRollouts:
     async def _rollouts(self, prompts: list[Any], version: Any) -> list[Trajectory]:
         policy = await self._ensure_policy()
         if isinstance(policy, ServingPolicy):
-            policy.policy_version = version
+            # Weights synced through the pool are named by the pool (what the replicas hold); else by the step.
+            synced = self._serving is not None and self._serving.policy_version is not None
+            policy.policy_version = None if synced else version
         runner = RolloutRunner(
             policy, env_kwargs=self._env_kwargs, sandbox_pool=self._sandboxes, max_sandboxes=self._max_sandboxes
         )

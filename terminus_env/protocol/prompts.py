@@ -101,6 +101,62 @@ def truncated_feedback(max_tokens: int) -> str:
     )
 
 
+# --- context summarization (lenient evaluation): three requests, as Terminus 2 makes them --------------------------
+
+
+def summary_request(instruction: str) -> str:
+    """Asked at the end of the conversation so far: a summary for whoever carries on."""
+    return (
+        "Another agent will take over this task from you now and will not see this conversation. Write a thorough "
+        f"account of your work so far.\n\nThe task:\n{instruction}\n\nCover:\n"
+        "1. The commands you ran that mattered, and what each one showed.\n"
+        "2. What you found out: files and their locations, settings, error messages, the state of the system.\n"
+        "3. The problems you met and how you got past them.\n"
+        "4. Where the task stands now: what is done and what is left.\n\n"
+        "Leave nothing out that the next agent needs in order to carry on."
+    )
+
+
+def questions_request(instruction: str, summary: str, screen: str) -> str:
+    """Asked of a fresh context: the questions the summary leaves open."""
+    return (
+        f"You are taking over a task that another agent started.\n\nThe task:\n{instruction}\n\n"
+        f"The other agent's summary of its work:\n{summary}\n\nThe terminal's screen now:\n{screen}\n\n"
+        "Before you start, ask the questions about the state of the work that the summary does not answer: at "
+        "least five, more if you need them. You will not be able to ask anything afterwards."
+    )
+
+
+def answers_request(questions: str) -> str:
+    """Asked at the end of the conversation and its summary: answer the next agent's questions."""
+    return f"The agent taking over has these questions. Answer each of them, one by one and in detail:\n\n{questions}"
+
+
+def handoff(answers: str) -> str:
+    """The message the model answers next, after the summarized conversation: the answers, and carry on."""
+    return (
+        f"The previous agent answered your questions:\n\n{answers}\n\nCarry on with the task from where it left "
+        "off. You cannot ask anything more; answer in the format described at the start to use the terminal."
+    )
+
+
+def short_summary_request(instruction: str, screen_tail: str) -> str:
+    """The fallback when the three requests could not be made: a few sentences from the task and the screen."""
+    return (
+        f"In two or three sentences, say how to carry on with this task.\n\nThe task:\n{instruction}\n\n"
+        f"The end of the terminal's screen:\n{screen_tail}"
+    )
+
+
+def short_summary_handoff(instruction: str, summary: str) -> str:
+    return f"{instruction}\n\nA summary of the work so far: {summary}"
+
+
+def screen_handoff(instruction: str, screen_tail: str) -> str:
+    """The last fallback, with no model: the task again and the end of the screen."""
+    return f"{instruction}\n\nThe end of the terminal's screen now:\n{screen_tail}"
+
+
 def cap_output(text: str, limit: int = OUTPUT_LIMIT_BYTES) -> str:
     """Keep the first and last limit/2 bytes (UTF-8) of a long output, with a marker saying how much was cut.
 

@@ -18,21 +18,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from terminus_env.errors import TerminusError
-from terminus_env.metrics import aggregate
 from terminus_env.rollout import stats
 from terminus_env.rollout.atif import agent_spec
 from terminus_env.rollout.harbor_job import HarborJob, JobFolderError
 from terminus_env.rollout.policy import FlakyOraclePolicy, OraclePolicy, OracleReplies, Policy, Rollout, ServingPolicy
 from terminus_env.rollout.progress import Progress, Tally
+from terminus_env.rollout.report import STAGE_FAILED, build_report, print_report
 from terminus_env.rollout.run_log import (
     RolloutRecord,
     RunConfig,
@@ -43,12 +44,12 @@ from terminus_env.rollout.run_log import (
     read_run,
 )
 from terminus_env.rollout.runner import RolloutRunner
+from terminus_env.rollout.summarize import SummarizeConfig, effective_threshold
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.sandbox import SandboxError
 from terminus_env.tasks import Task, TaskError, load_task, task_image
 from terminus_env.tasks.loader import task_dirs
 
-_STAGE_FAILED = {TaskStage.LOAD: "could not load", TaskStage.IMAGE: "could not build its image"}
 _SETTLE_S = 60.0
 """How long an interrupted eval waits for Docker calls in flight before it exits."""
 RUNS_DIR = Path("runs")
@@ -68,6 +69,10 @@ def main(args: argparse.Namespace) -> int:
     if args.resume and args.output is None:
         print("--resume needs --output RUN.jsonl: the run file of the run to continue", file=sys.stderr)
         return 2
+    problem = _check_limits(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     config = RunConfig(
         folder=str(Path(args.folder).resolve()),
         names=tuple(args.name or ()),
@@ -76,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
         strict=bool(args.strict),
         max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
+        sampling=_sampling(args),
+        summarize=not (args.strict or args.no_summarize),
+        summarize_threshold=args.summarize_threshold,
+        context_window=args.context_window or _served_context_window(args),
     )
     paths = task_dirs(Path(args.folder), list(config.names) or None)  # a wrong folder or name: exit 2, nothing run
     path = args.output or RUNS_DIR / f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.jsonl"
@@ -104,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"eval: {len(paths)} tasks × {config.trials} trials ({config.policy}); each rollout is saved to {path} "
           f"and, in Harbor's job layout, to {job.path}" + (f"; {already} already there" if already else ""),
           flush=True)  # fmt: skip
+    print(f"eval: {_settings(config)}", flush=True)
     progress = Progress(Tally(total=total, done=already))
     started = time.monotonic()
     try:
@@ -158,6 +168,80 @@ def _finish_job(job: HarborJob, path: Path, paths: Sequence[Path], *, finished: 
     return report
 
 
+def turn_tokens(config: RunConfig) -> int:
+    """The per-turn token limit each request asks for: ``--max-turn-tokens``, at most the model's context (a server
+    refuses a ``max_tokens`` above it)."""
+    window = config.context_window
+    return config.max_turn_tokens if window is None else min(config.max_turn_tokens, window)
+
+
+def _settings(config: RunConfig) -> str:
+    """What the run sends and when it summarizes, in a line."""
+    turns = "no turn cap" if config.max_turns is None else f"at most {config.max_turns} turns"
+    sampling = ", ".join(f"{k}={v}" for k, v in config.sampling.items()) or "the server's default sampling"
+    window = config.context_window
+    if not config.summarize:
+        summary = "no summarization (a full context ends the episode)"
+    elif window is None or config.summarize_threshold == 0:
+        summary = "summarization when the server refuses a request for its length"
+    else:
+        summary = (f"summarization under {effective_threshold(config.summarize_threshold, window)} free tokens of "
+                   f"{window}, or when the server refuses a request")  # fmt: skip
+    mode = "strict" if config.strict else "lenient"
+    return f"{mode}, {turns}, {sampling}, {summary}"
+
+
+def _check_limits(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numeric options, or None."""
+    for name, value, least in [("--max-turns", args.max_turns, 1), ("--max-turn-tokens", args.max_turn_tokens, 1),
+                               ("--summarize-threshold", args.summarize_threshold, 0),
+                               ("--context-window", args.context_window, 1)]:  # fmt: skip
+        if value is not None and value < least:
+            return f"{name} must be at least {least}, got {value}"
+    return None
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling parameters to send: only those asked for, as Harbor 0.26 sends none by default."""
+    sampling: dict[str, Any] = {}
+    for item in args.sampling or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SamplingError(f"--sampling {item!r}: write KEY=VALUE, e.g. --sampling top_k=20")
+        try:
+            sampling[key.strip()] = json.loads(raw)
+        except ValueError:
+            raise SamplingError(f"--sampling {item!r}: the value must be JSON (a number, true, a quoted string)") \
+                from None
+    named = {"temperature": args.temperature, "top_p": args.top_p}
+    sampling.update({key: value for key, value in named.items() if value is not None})
+    reserved = sorted(set(sampling) & _RESERVED_REQUEST_KEYS)
+    if reserved:
+        raise SamplingError(f"--sampling cannot set {', '.join(reserved)}: the eval sets it (see --max-turn-tokens)")
+    return sampling
+
+
+class SamplingError(TerminusError, ValueError):
+    """A sampling option the eval cannot send; the message says how to write it."""
+
+
+_RESERVED_REQUEST_KEYS = {"model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "return_token_ids",
+                          "stream"}  # fmt: skip
+
+
+def _served_context_window(args: argparse.Namespace) -> int | None:
+    """The model's context: what the first server reports, the simulated replicas' own, or None (no model)."""
+    if args.base_url:
+        from terminus_env.serving.client import served_context_window
+
+        return asyncio.run(served_context_window(args.base_url[0], args.model))
+    if args.sim:
+        from terminus_env.serving.sim.engine import SimConfig
+
+        return SimConfig().max_model_len
+    return None
+
+
 def _resume_hint(path: Path) -> str:
     return (f"{len(read_run(path).rollouts)} finished rollouts are saved in {path}; continue with the same options "
             f"and --output {path} --resume")  # fmt: skip
@@ -190,14 +274,15 @@ async def _evaluate(
     env_kwargs = {
         "mode": "eval",
         "max_turns": config.max_turns,
-        "max_turn_tokens": config.max_turn_tokens,
+        "max_turn_tokens": turn_tokens(config),
         **({"strict_format": True, "strict_truncation": True} if config.strict else {}),
     }
+    summarize = SummarizeConfig(enabled=config.summarize, threshold=config.summarize_threshold,
+                                context_window=config.context_window)  # fmt: skip
     builds, slots = asyncio.Semaphore(args.concurrency), asyncio.Semaphore(args.concurrency)
-    async with _policy(args, tasks) as policy, _sandbox_pool(args) as sandbox_pool:
-        runner = RolloutRunner(
-            policy, env_kwargs=env_kwargs, sandbox_pool=sandbox_pool, max_sandboxes=args.concurrency
-        )
+    async with _policy(args, config, tasks) as policy, _sandbox_pool(args) as sandbox_pool:
+        runner = RolloutRunner(policy, env_kwargs=env_kwargs, sandbox_pool=sandbox_pool,
+                               max_sandboxes=args.concurrency, summarize=summarize)  # fmt: skip
 
         async def one(task: Task, trial: int) -> None:
             async with slots:  # taken here, not only in the runner, so "running" counts what runs, not what waits
@@ -238,7 +323,7 @@ def _task_failed(
 ) -> None:
     error = f"{type(exc).__name__}: {exc}"
     log.append(TaskErrorRecord(task=name, stage=stage, error=error, category=category))
-    label = f"{name}: {_STAGE_FAILED[stage]} ({slots} trials not run): {error.splitlines()[0]}"
+    label = f"{name}: {STAGE_FAILED[stage]} ({slots} trials not run): {error.splitlines()[0]}"
     progress.finished(label, 0.0, error=True, solved=False, was_running=False, count=slots)
 
 
@@ -295,7 +380,7 @@ async def _sandbox_pool(args: argparse.Namespace) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def _policy(args: argparse.Namespace, tasks: Sequence[Task]) -> AsyncIterator[Policy]:
+async def _policy(args: argparse.Namespace, config: RunConfig, tasks: Sequence[Task]) -> AsyncIterator[Policy]:
     if args.oracle:
         yield OraclePolicy()
         return
@@ -307,7 +392,7 @@ async def _policy(args: argparse.Namespace, tasks: Sequence[Task]) -> AsyncItera
     async with contextlib.AsyncExitStack() as stack:
         urls = args.base_url or [await stack.enter_async_context(_oracle_server(tasks)) for _ in range(args.sim)]
         pool = await stack.enter_async_context(ServingPool(urls, args.model or "sim"))
-        yield ServingPolicy(pool, max_tokens=args.max_turn_tokens)
+        yield ServingPolicy(pool, max_tokens=turn_tokens(config), sampling=config.sampling)
 
 
 @contextlib.asynccontextmanager
@@ -317,110 +402,3 @@ async def _oracle_server(tasks: Sequence[Task]) -> AsyncIterator[str]:
 
     async with SimServer(ServerConfig(model="sim"), OracleReplies(tasks)) as server:
         yield server.url
-
-
-# --- the final report ----------------------------------------------------------------------------
-
-
-def build_report(contents: RunContents, task_order: Sequence[str] = ()) -> stats.Report:
-    """The statistics of a run file: every rollout, and each missing trial of a broken task as invalid."""
-    trials = [
-        stats.Trial(r.task, r.reward, r.end_reason, valid=not r.env_error, category=r.category)
-        for r in contents.rollouts
-    ]
-    done: dict[str, int] = {}
-    for r in contents.rollouts:
-        done[r.task] = done.get(r.task, 0) + 1
-    for error in contents.current_task_errors():
-        missing = contents.config.trials - done.get(error.task, 0)
-        trials += [stats.Trial(error.task, 0.0, f"{error.stage.value}_error", valid=False, category=error.category)
-                   for _ in range(missing)]  # fmt: skip
-    return stats.report(trials, contents.config.trials, task_order)
-
-
-def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> None:
-    """Per task, per category and overall, then the first failure of each unsolved task."""
-    k = report.k
-    pass_k = [f"pass@{k}"] if k > 1 else []
-    rows = [("task", "category", "trials", "solved", "pass@1", *pass_k, "mean reward", "end reasons")]
-    for t in report.tasks:
-        ends = ", ".join(f"{reason} ×{n}" for reason, n in t.end_reasons.items())
-        rows.append((t.task, t.category or "-", str(t.trials), str(t.solved) if t.trials else "-", _num(t.pass_at_1),
-                     *([_num(t.pass_at_k)] if k > 1 else []), _num(t.mean_reward), ends))  # fmt: skip
-    _table(rows, out)
-
-    out.write("\n")
-    rows = [("category", "tasks", "pass@1", *pass_k, "mean reward ± 95% CI")]
-    groups = [(name, score) for name, score in report.categories.items() if score.tasks]
-    groups = [*groups, ("overall", report.overall)] if len(groups) > 1 else [("overall", report.overall)]
-    for name, score in groups:
-        rows.append((name, str(score.tasks), _num(score.pass_at_1), *([_num(score.pass_at_k)] if k > 1 else []),
-                     _with_ci(score)))  # fmt: skip
-    _table(rows, out)
-
-    failures = _first_failures(contents)
-    if failures:
-        out.write("\nfirst failure of each unsolved task:\n")
-        for name in [t.task for t in report.tasks if t.task in failures]:
-            out.write(f"  {name}: {failures[name]}\n")
-
-    overall = report.overall
-    out.write(f"\nscore {_with_ci(overall)} over {overall.tasks} tasks: the mean over tasks of each task's mean "
-              "reward, as the Terminal-Bench leaderboard computes it\n")  # fmt: skip
-    if overall.mean_reward is not None and overall.stderr is None:
-        out.write("no confidence interval: it needs 2 valid trials of every task (--trials 2 or more)\n")
-    if overall.unscored:
-        out.write(f"not scored (no valid trial): {', '.join(overall.unscored)}\n")
-    if k > 1 and overall.pass_at_k_tasks < overall.tasks:
-        out.write(f"pass@{k} counts the {overall.pass_at_k_tasks} tasks with {k} valid trials\n")
-    out.write("end reasons: " + ", ".join(f"{reason} {n}" for reason, n in report.end_reasons.items()) + "\n")
-    m = aggregate([r.summary for r in contents.rollouts if r.summary is not None])
-    out.write(f"{report.rollouts} rollouts · {report.invalid} invalid (env errors, broken tasks) · format "
-              f"errors/rollout {m.mean_format_errors:.2f} · opening streak {m.mean_opening_streak:.2f} · rescued "
-              f"{m.rescued_count} · tampered {m.tampered_count}\n")  # fmt: skip
-    tampered = [r for r in contents.rollouts if r.summary and r.summary.get("tampering")]
-    if tampered:
-        out.write("tampered (the verifier ran what the agent changed in its runtime; the scores above keep them):\n")
-        for r in tampered:
-            paths = ", ".join(f"{f['kind']} {f['path']}".strip() for f in r.summary["tampering"])  # type: ignore[index]
-            out.write(f"  {r.task} #{r.trial}: {paths}\n")
-    out.flush()
-
-
-def _first_failures(contents: RunContents) -> dict[str, str]:
-    """Per unsolved task, why its first unsolved trial (lowest trial number) failed."""
-    failures: dict[str, tuple[int, str]] = {}
-    for r in contents.rollouts:
-        if r.reward < stats.SUCCESS_REWARD and (r.task not in failures or r.trial < failures[r.task][0]):
-            failures[r.task] = (r.trial, f"#{r.trial} {r.end_reason}: {r.detail or 'no detail'}")
-    found = {task: text for task, (_, text) in failures.items()}
-    for e in contents.current_task_errors():
-        found.setdefault(e.task, f"{_STAGE_FAILED[e.stage]}: {_clip(e.error.splitlines()[0])}")
-    return found
-
-
-def _clip(text: str, cap: int = 300) -> str:
-    """One line of at most ``cap`` characters, cut between words."""
-    text = " ".join(text.split())
-    return text if len(text) <= cap else text[: text.rfind(" ", 0, cap)] + " …"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _with_ci(score: stats.Score) -> str:
-    if score.mean_reward is None:
-        return "-"
-    if score.stderr is None or score.ci95 is None:
-        return f"{score.mean_reward:.3f} ± n/a"
-    low, high = score.ci95
-    return f"{score.mean_reward:.3f} ± {stats.Z_95 * score.stderr:.3f} ({low:.3f}–{high:.3f})"
-
-
-def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, row in enumerate(rows):
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
-        if i == 0:
-            out.write("  ".join("-" * w for w in widths) + "\n")

@@ -2,7 +2,9 @@
 
 ```
 JOBS_DIR/<job>/config.json, result.json
-JOBS_DIR/<job>/<task>__<trial>/config.json, result.json, agent/trajectory.json, agent/recording.cast
+JOBS_DIR/<job>/<task>__<trial>/config.json, result.json, trial.log
+JOBS_DIR/<job>/<task>__<trial>/agent/trajectory.json, recording.cast, trajectory.summarization-N-<request>.json
+JOBS_DIR/<job>/<task>__<trial>/verifier/test-stdout.txt, reward.txt, reward.json, ctrf.json (those written)
 ```
 
 The run file stays the source of truth: each trial folder is written as its rollout ends, and at the end of
@@ -24,7 +26,7 @@ from typing import Any
 
 from terminus_env.errors import TerminusError
 from terminus_env.rollout import stats
-from terminus_env.rollout.atif import AgentSpec, atif_trajectory
+from terminus_env.rollout.atif import AgentSpec, atif_trajectory, subagent_trajectories
 from terminus_env.rollout.cast import asciinema_cast
 from terminus_env.rollout.harbor_records import (
     JobInfo,
@@ -33,6 +35,7 @@ from terminus_env.rollout.harbor_records import (
     rollout_result,
     task_error_result,
     trial_config,
+    trial_log,
     trial_name,
 )
 from terminus_env.rollout.run_log import RolloutRecord, RunContents
@@ -41,7 +44,10 @@ from terminus_env.sandbox.images import context_hash
 
 TRAJECTORY = Path("agent") / "trajectory.json"
 RECORDING = Path("agent") / "recording.cast"
-CONFIG, RESULT = "config.json", "result.json"
+VERIFIER = Path("verifier")
+CONFIG, RESULT, TRIAL_LOG = "config.json", "result.json", "trial.log"
+VERIFIER_FILES = ("test-stdout.txt", "reward.txt", "reward.json", "ctrf.json")
+"""What a trial's ``verifier/`` folder may hold, as Harbor names the files."""
 
 
 class JobFolderError(TerminusError):
@@ -121,10 +127,17 @@ class HarborJob:
         folder = self.path / name
         trajectory = atif_trajectory(record, self.info.agent)
         if trajectory is not None:
+            for file_name, document in subagent_trajectories(record, self.info.agent).items():
+                _write_text(folder / TRAJECTORY.parent / file_name, _compact_json(document))
             _write_text(folder / TRAJECTORY, _compact_json(trajectory))
         cast = asciinema_cast(record.trajectory or {}, f"{record.task} #{record.trial}")
         if cast is not None:
             _write_text(folder / RECORDING, cast)
+        verifier = (record.trajectory or {}).get("verifier") or {}
+        for file_name in VERIFIER_FILES:  # only Harbor's names: the run file is not trusted to name paths
+            if isinstance(verifier.get(file_name), str):
+                _write_text(folder / VERIFIER / file_name, verifier[file_name])
+        _write_text(folder / TRIAL_LOG, trial_log(record))
         result = rollout_result(self.info, record, self._checksum(record.task))
         self._write_trial(name, record.task, result)
         return result

@@ -148,6 +148,52 @@ def rollout_result(job: JobInfo, record: RolloutRecord, checksum: str) -> dict[s
     )  # fmt: skip
 
 
+def trial_log(record: RolloutRecord) -> str:
+    """The trial's ``trial.log``: what happened, a line per event, stamped with its time when the run recorded it."""
+    trajectory = record.trajectory or {}
+    summary = record.summary or {}
+
+    def line(offset: float | None, text: str) -> str:
+        moment = instant(trajectory, offset)
+        return f"{iso(moment) if moment is not None else '-'} {text}"
+
+    lines = [line(0.0, f"{record.task} #{record.trial}: started")]
+    if trajectory.get("ready_s") is not None:
+        lines.append(line(trajectory["ready_s"], "the sandbox is up and the first observation ready"))
+    attempts = {c["turn"]: [] for c in trajectory.get("compactions") or []}
+    for compaction in trajectory.get("compactions") or []:
+        attempts[compaction["turn"]].append(compaction)
+    turns = trajectory.get("turns") or []
+    for index, turn in enumerate(turns):
+        for compaction in attempts.get(index, []):
+            lines.append(line(compaction.get("at_s"), _compaction_line(compaction)))
+        if turn.get("format_error"):
+            lines.append(line(turn.get("replied_s"), f"turn {index + 1}: format error: {turn['format_error']}"))
+        if turn.get("finish_reason") == "length":
+            lines.append(line(turn.get("replied_s"), f"turn {index + 1}: the reply filled the per-turn token limit"))
+    for compaction in attempts.get(len(turns), []):
+        lines.append(line(compaction.get("at_s"), _compaction_line(compaction)))
+    end = trajectory.get("wall_s", record.wall_s)
+    lines.append(line(end, f"ended: {record.end_reason} after {len(turns)} turns, reward {record.reward:g}"))
+    if trajectory.get("grade_s") is not None:
+        lines.append(line(end, f"the verifier ran for {trajectory['grade_s']:g} s"))
+    for key in ("grade_reason", "failure", "error"):
+        if summary.get(key):
+            lines.append(line(end, f"{key.replace('_', ' ')}: {summary[key]}"))
+    if trajectory.get("error"):
+        lines.append(line(end, f"error: {trajectory['error']}"))
+    return "\n".join(lines) + "\n"
+
+
+def _compaction_line(compaction: Mapping[str, Any]) -> str:
+    free = compaction.get("free_tokens")
+    why = f"{compaction['trigger']}, {free} tokens free" if free is not None else compaction["trigger"]
+    asked = ", ".join(f"{c['role']} ({c['finish_reason']})" for c in compaction.get("calls") or []) or "no request"
+    if compaction["outcome"] == "failed":
+        return f"context summarization ({why}) did not complete and the conversation goes on: {asked}"
+    return f"context summarization ({why}): {compaction['outcome']}, from {asked}"
+
+
 def task_error_result(job: JobInfo, error: TaskErrorRecord, trial: int, checksum: str, at: float) -> dict[str, Any]:
     """The ``result.json`` of a trial that never ran: its task did not load, or its image did not build."""
     return _trial_result(

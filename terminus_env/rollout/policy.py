@@ -6,6 +6,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import shlex
 import tarfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class ServingPolicy:
     Every turn records the version of the weights that produced it, with its sampling parameters: the
     pool's (``ServingPool.sync_weights`` names it, and a request in flight during a sync keeps the old
     one), unless a trainer that syncs weights its own way sets ``policy_version`` here.
+
+    A ``seed`` in ``sampling`` is the base of per-request seeds, not one seed for every request: each turn is
+    sent with :func:`request_seed` of it, the rollout and the turn, so the rollouts of a GRPO group (one prompt,
+    many samples) differ, and a rollout with the same id, prompt and weights draws the same tokens again.
     """
 
     def __init__(
@@ -74,14 +79,13 @@ class ServingPolicy:
         from terminus_env.serving import ContextLengthExceeded
 
         version = self.policy_version
-        sampling = {"max_tokens": self._max_tokens, **self._sampling}
+        sent = dict(self._sampling)
+        if sent.get("seed") is not None:
+            sent["seed"] = request_seed(sent["seed"], rollout.rollout_id, _turn(messages))
+        sampling = {"max_tokens": self._max_tokens, **sent}
         try:
             completion = await self._pool.chat(
-                rollout.rollout_id,
-                messages,
-                max_tokens=self._max_tokens,
-                group_id=rollout.group_id,
-                **self._sampling,
+                rollout.rollout_id, messages, max_tokens=self._max_tokens, group_id=rollout.group_id, **sent
             )
         except ContextLengthExceeded:
             version = self._pool.policy_version if version is None else version
@@ -94,6 +98,7 @@ class ServingPolicy:
                 finish_reason=completion.finish_reason,
                 completion_tokens=completion.completion_tokens,
                 prompt_tokens=completion.prompt_tokens,
+                max_model_len=completion.max_model_len,
             ),
             prompt_token_ids=completion.prompt_token_ids,
             token_ids=completion.token_ids,
@@ -122,6 +127,20 @@ class OraclePolicy:
         return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
 
 
+class NopPolicy:
+    """Declares the task done at once, without a command: the episode a validity check expects to earn 0."""
+
+    def __init__(self, command_duration: float = 60.0) -> None:
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+    async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration)))
+
+
 class FlakyOraclePolicy:
     """A scripted policy that solves some tasks sometimes, so eval statistics have something to show.
 
@@ -142,16 +161,23 @@ class FlakyOraclePolicy:
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         turn = _turn(messages)
-        if _draw(self._seed, "careless", rollout.rollout_id) < 1 / 3:
+        if draw(self._seed, "careless", rollout.rollout_id) < 1 / 3:
             if turn == 0:
                 return PolicyOutput(reply=Reply(text="Let me look at the task first."))
             turn -= 1
-        if _draw(self._seed, "solve", rollout.rollout_id) < _draw(self._seed, "rate", rollout.task.name):
+        if draw(self._seed, "solve", rollout.rollout_id) < draw(self._seed, "rate", rollout.task.name):
             return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, turn, self._duration)))
-        return PolicyOutput(reply=Reply(text=_reply("", self._duration, complete=True, plan="Give up.")))
+        return PolicyOutput(reply=Reply(text=nop_reply(self._duration, plan="Give up.")))
 
 
-def _draw(*key: object) -> float:
+def request_seed(base: int, rollout_id: str, turn: int) -> int:
+    """The seed of one request: fixed by the base seed, the rollout and the turn, distinct across them (vLLM takes
+    seeds below 2**63; 31 bits keep every engine's generator content)."""
+    digest = hashlib.sha256(f"{base}:{rollout_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def draw(*key: object) -> float:
     """A number in [0, 1) fixed by ``key``: the same on every run and every machine."""
     digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
@@ -175,26 +201,54 @@ class OracleReplies:
 def oracle_reply(task: Task, turn: int, duration: float = 60.0) -> str:
     """Turn 0 unpacks and runs the solution; later turns wait for it and confirm completion."""
     if turn == 0:
-        return _reply(_install_and_run(task), duration, complete=False, plan="Apply the reference solution.")
-    return _reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
+        return xml_reply(solution_keystrokes(task), duration, complete=False, plan="Apply the reference solution.")
+    return xml_reply("", duration, complete=True, plan="Wait for the solution, then confirm.")
+
+
+def nop_reply(duration: float = 60.0, plan: str = "Declare the task done without doing anything.") -> str:
+    """No command, and the task declared done (each turn, so a confirmation is answered the same way)."""
+    return xml_reply("", duration, complete=True, plan=plan)
 
 
 def _turn(messages: list[dict[str, str]]) -> int:
     return sum(1 for m in messages if m.get("role") == "assistant")
 
 
-def _install_and_run(task: Task) -> str:
+def solution_keystrokes(task: Task) -> str:
     """The solution folder travels as one base64 line: a heredoc typed into an interactive shell
-    would trigger tab completion on the tabs of a Makefile."""
+    would trigger tab completion on the tabs of a Makefile. It goes to /solution, where Harbor puts it,
+    or to a fresh temporary folder when the agent's user cannot write there (``[agent] user``)."""
     if task.solution_path is None or not task.solution_path.exists():
         return "echo 'this task ships no solution'\n"
     whole_folder = task.source_format == "harbor"  # Harbor copies solution/ whole; TB1 has one script
     payload = base64.b64encode(_tar_gz(task.solution_path.parent if whole_folder else task.solution_path)).decode()
     script = task.solution_path.name
     return (
-        f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution"
-        f" && bash /solution/{script}\n"
+        "S=/solution; { mkdir -p $S && test -w $S; } 2>/dev/null || S=$(mktemp -d);"
+        f" echo {payload} | base64 -d | tar -xz -C $S && {_env_prefix(task.solution_env)}bash $S/{script}\n"
     )
+
+
+def _env_prefix(variables: Mapping[str, str]) -> str:
+    """``env NAME=value ...`` for the task's ``[solution.env]``, which solve.sh gets as Harbor's oracle gives it.
+    A value that is not one printable line is quoted as bash's ``$'...'``: typed raw, a newline ends the command."""
+    if not variables:
+        return ""
+    words = []
+    for name, value in variables.items():
+        if value.isprintable():
+            words.append(shlex.quote(f"{name}={value}"))
+        else:
+            words.append(shlex.quote(f"{name}=") + "$'" + "".join(map(_ansi_c, value)) + "'")
+    return "env " + " ".join(words) + " "
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return "".join(f"\\x{byte:02x}" for byte in char.encode())  # bytes, whatever the shell's locale
 
 
 def _tar_gz(path: Path) -> bytes:
@@ -208,11 +262,11 @@ def _tar_gz(path: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _reply(keystrokes: str, duration: float, *, complete: bool, plan: str) -> str:
-    # Even an empty keystroke waits: the terminal returns once the shell is idle again.
+def xml_reply(keystrokes: str, duration: float, *, complete: bool, plan: str, analysis: str = "Oracle run.") -> str:
+    """A well-formed Terminus 2 reply with one command (empty keystrokes still wait, until the shell is idle)."""
     commands = f'<keystrokes duration="{duration}">{keystrokes}</keystrokes>'
     done = "<task_complete>true</task_complete>" if complete else ""
     return (
-        "<response>\n<analysis>Oracle run.</analysis>\n"
+        f"<response>\n<analysis>{analysis}</analysis>\n"
         f"<plan>{plan}</plan>\n<commands>{commands}</commands>\n{done}\n</response>"
     )

@@ -52,9 +52,11 @@ class Tally:
 class Progress:
     """The display of a :class:`Tally`: a bar on a terminal, numbered lines elsewhere."""
 
-    def __init__(self, tally: Tally, out: TextIO = sys.stdout, bar_stream: TextIO = sys.stderr) -> None:
+    def __init__(self, tally: Tally, out: TextIO | None = None, bar_stream: TextIO | None = None) -> None:
+        """``out`` and ``bar_stream`` default to the standard streams of the moment (not of the import)."""
+        bar_stream = sys.stderr if bar_stream is None else bar_stream
         self.tally = tally
-        self._out = out
+        self._out = sys.stdout if out is None else out
         self._bar = tqdm(total=tally.total, initial=tally.done, file=bar_stream, unit="rollout", dynamic_ncols=True,
                          disable=not bar_stream.isatty())  # fmt: skip
         self._refresh()

@@ -4,10 +4,15 @@ The first line describes the run (its options), so ``--resume`` can refuse to mi
 runs; every later line is a finished rollout or a task that could not load or build. A record is
 one ``write`` of one whole line, so a run killed at any moment leaves at most a torn last line,
 which resuming cuts off: the file is consistent after Ctrl-C, SIGTERM and SIGKILL alike.
+
+A run file takes one writer: an open :class:`RunLog` holds an exclusive lock on it (``flock``, released by the
+kernel when the process ends, however it ends), and a second eval on the same file is refused before it reads or
+cuts anything.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -48,6 +53,13 @@ class RunConfig:
     strict: bool
     max_turns: int | None
     max_turn_tokens: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """The sampling parameters sent with every request (none: the server's defaults, as Harbor 0.26 sends none)."""
+    summarize: bool = False
+    """Context summarization (lenient evaluation); runs written before it existed did not summarize."""
+    summarize_threshold: int = 8000
+    context_window: int | None = None
+    """The model's context in tokens, as the server reported it (or ``--context-window``); None when unknown."""
 
     def differences(self, other: RunConfig) -> list[str]:
         """Human-readable ``name: ours vs theirs`` for every option that differs."""
@@ -108,21 +120,34 @@ class RunLog:
     @classmethod
     def create(cls, path: Path, config: RunConfig) -> RunLog:
         path = Path(path)
-        if path.exists():
-            raise RunFileError(f"{path} exists: pass --resume to continue that run, or choose another --output")
         path.parent.mkdir(parents=True, exist_ok=True)
-        log = cls(path, path.open("xb"))
+        try:
+            handle = path.open("xb")
+        except FileExistsError:
+            raise RunFileError(
+                f"{path} exists: pass --resume to continue that run, or choose another --output"
+            ) from None
+        log = cls(path, _locked(path, handle))
         log._write({"kind": RecordKind.HEADER.value, "version": FORMAT_VERSION, "config": asdict(config)})
         return log
 
     @classmethod
     def resume(cls, path: Path) -> tuple[RunLog, RunContents]:
-        """Open an existing run to append to it, first cutting off a line torn by a kill."""
+        """Open an existing run to append to it, first cutting off a line torn by a kill. The lock is taken before
+        anything is read, so a run still writing the file is never cut."""
         path = Path(path)
-        contents, good_bytes = _parse(path)
-        if good_bytes < path.stat().st_size:
-            os.truncate(path, good_bytes)
-        return cls(path, path.open("ab")), contents
+        try:
+            handle = _locked(path, os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND), "ab"))  # never creates it
+        except FileNotFoundError:
+            raise RunFileError(f"{path}: no such run file to resume; start the run without --resume") from None
+        try:
+            contents, good_bytes = _parse(path)
+            if good_bytes < path.stat().st_size:
+                os.truncate(path, good_bytes)
+        except BaseException:
+            handle.close()
+            raise
+        return cls(path, handle), contents
 
     def append(self, record: RolloutRecord | TaskErrorRecord) -> None:
         kind = RecordKind.ROLLOUT if isinstance(record, RolloutRecord) else RecordKind.TASK_ERROR
@@ -135,6 +160,17 @@ class RunLog:
         self._handle.write(json.dumps(entry).encode() + b"\n")  # one write: a kill leaves whole lines or a torn last
         self._handle.flush()
         os.fsync(self._handle.fileno())
+
+
+def _locked(path: Path, handle: BinaryIO) -> BinaryIO:
+    """The handle, holding the run file's writer lock; refused while another process holds it."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RunFileError(f"{path} is being written by another eval (it holds the file's lock): wait for that run to "
+                           "end, or stop it, before resuming; or choose another --output") from None  # fmt: skip
+    return handle
 
 
 def read_run(path: Path) -> RunContents:

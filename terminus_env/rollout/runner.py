@@ -14,6 +14,7 @@ from typing import Any
 
 from terminus_env.env import TerminusEnv
 from terminus_env.rollout.policy import Policy, Rollout
+from terminus_env.rollout.summarize import SummarizeConfig, Summarizer
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
 from terminus_env.sandbox import SandboxError, SandboxPool
 from terminus_env.serving.client import ServingError
@@ -21,7 +22,11 @@ from terminus_env.tasks import Task, TaskError
 
 
 class RolloutRunner:
-    """Runs groups of rollouts: ``group_size`` episodes per task, all concurrently."""
+    """Runs groups of rollouts: ``group_size`` episodes per task, all concurrently.
+
+    ``summarize`` turns on Terminus 2's context summarization (:mod:`terminus_env.rollout.summarize`), which only
+    lenient evaluation envs allow; without it, a conversation that no longer fits ends the episode.
+    """
 
     def __init__(
         self,
@@ -31,6 +36,7 @@ class RolloutRunner:
         sandbox_pool: SandboxPool | None = None,
         max_sandboxes: int = 8,
         on_finish: Callable[[Trajectory], None] | None = None,
+        summarize: SummarizeConfig | None = None,
     ) -> None:
         if max_sandboxes <= 0:
             raise ValueError(f"max_sandboxes must be positive, got {max_sandboxes}")
@@ -39,6 +45,7 @@ class RolloutRunner:
         self._sandbox_pool = sandbox_pool
         self._sandboxes = asyncio.Semaphore(max_sandboxes)
         self._on_finish = on_finish
+        self._summarize = summarize if summarize is not None and summarize.enabled else None
 
     async def run(self, tasks: Sequence[Task], group_size: int = 1) -> list[Trajectory]:
         """One group per task; trajectories come back in task order, then rollout order."""
@@ -79,8 +86,13 @@ class RolloutRunner:
 
         _, reset_info = await env.areset()
         trajectory.ready_s, trajectory.screen = since_start(), reset_info["screen"]
+        summarizer = Summarizer(self._policy, self._summarize, since_start) if self._summarize else None
         while True:
+            if summarizer is not None:
+                await summarizer.before_turn(env, rollout, trajectory)
             out = await self._policy.act(rollout, env.messages)
+            if out.reply.finish_reason == "context_length" and summarizer is not None:
+                out = await summarizer.after_overflow(env, rollout, trajectory, out)
             replied = since_start()
             _, _, terminated, truncated, info = await env.astep(out.reply)
             trajectory.turns.append(
@@ -106,4 +118,5 @@ class RolloutRunner:
             if terminated or truncated:
                 trajectory.summary = env.episode_summary
                 trajectory.messages = env.messages
+                trajectory.verifier = info.get("verifier")
                 return

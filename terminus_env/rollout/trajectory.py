@@ -38,6 +38,52 @@ class TurnRecord:
     """When the turn's observation was ready (after grading, on the last turn)."""
 
 
+@dataclass(frozen=True)
+class SummaryCall:
+    """One request of a context summarization: what was asked, what the model answered, and the engine's data."""
+
+    role: str
+    """``summary``, ``questions`` or ``answers`` (the three subagents), or ``short`` (the short summary's fallback)."""
+    prompt: str
+    reply: str
+    finish_reason: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    replica: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    policy_version: Any = None
+    replied_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The conversation was summarized and replaced, as Terminus 2 does it (lenient evaluation only).
+
+    Its turns' token ids stay true to what the engine saw, but the prompt after it does not extend the prompt before:
+    a trainer must not merge the turns into one sequence (``terminus_env.training`` refuses to)."""
+
+    turn: int
+    """Turns played before it: it came right before the reply of ``turns[turn]``."""
+    trigger: str
+    """``proactive`` (fewer tokens than the threshold were free) or ``reactive`` (the server refused the request)."""
+    outcome: str
+    """``summary`` (the three subagents), ``short`` (one short summary), ``screen`` (no model: the task and the
+    screen's last lines), or ``failed`` (a proactive attempt that did not complete: nothing was replaced)."""
+    calls: list[SummaryCall] = field(default_factory=list)
+    free_tokens: int | None = None
+    """The context's free tokens by the last reply's counts, when the context window is known."""
+    kept: int = 0
+    """How many messages of ``replaced`` the summary was asked from (a reactive one first drops the latest)."""
+    replaced: list[dict[str, str]] = field(default_factory=list)
+    """The conversation it replaced, whole; its last message is the observation the model never answered."""
+    seed: list[dict[str, str]] = field(default_factory=list)
+    """The conversation that carried on; the model answered its last message next."""
+    at_s: float | None = None
+
+
 @dataclass
 class Trajectory:
     rollout_id: str
@@ -56,10 +102,19 @@ class Trajectory:
     """The terminal's screen in the first observation."""
     grade_s: float | None = None
     """How long grading took, when the verifier ran."""
+    verifier: dict[str, str] | None = None
+    """The verifier's files by their names in a Harbor trial's ``verifier/`` folder (``info["verifier"]``)."""
+    compactions: list[Compaction] = field(default_factory=list)
+    """Each context summarization, in order (lenient evaluation only)."""
 
     @property
     def reward(self) -> float:
         return self.summary.reward if self.summary else 0.0
+
+    @property
+    def summarized(self) -> bool:
+        """The conversation was replaced by a summary at least once: its turns are not one token sequence."""
+        return any(c.outcome != "failed" for c in self.compactions)
 
     @property
     def env_error(self) -> bool:

@@ -43,7 +43,7 @@ from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
-from terminus_env.sandbox.tamper import Change, Finding, Relink, WatchReport, judge, link_candidates, queries
+from terminus_env.sandbox.tamper import Change, Finding, WatchReport, is_bytecode, judge, link_candidates, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -174,34 +174,27 @@ class Sandbox:
         processes, so nothing the agent left running can change the tests or what the verifier writes; what the
         agent did to the verifier's runtime (its interpreters, libraries, test runner) is in ``tampering``.
         """
+        listed = await asyncio.to_thread(self._changes)  # what the agent's side changed before the verifier runs
         reply = await self._channel.request(
             "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
             user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
+            links=list(link_candidates(listed, self.workdir)), bytecode=[path for path in listed if is_bytecode(path)],
         )  # fmt: skip
         files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}
-        tampering = await self._judge_watch(WatchReport.from_reply(reply))
+        tampering = await self._judge_watch(WatchReport.from_reply(reply), listed)
         return VerifierRun(
             _exec_result(reply), files, tuple(reply.get("limits_hit", ())), tampering, dict(reply.get("refused", {}))
         )
 
-    async def _judge_watch(self, report: WatchReport) -> tuple[Finding, ...]:
-        """The rules of tamper.py over the watch's report, with the image's view and the lookups they ask for."""
+    async def _judge_watch(self, report: WatchReport, listed: dict[str, Change]) -> tuple[Finding, ...]:
+        """The rules of tamper.py over the watch's report, with Docker's diff from before the run (``listed``) and
+        the lookups the rules ask for."""
         asked = queries(report, self.workdir)
-        listed: dict[str, Change] = {}
         found: dict[str, Any] = {}
-        links: tuple[Relink, ...] = ()
-        if asked.diff_paths or asked.links:
-            listed = await asyncio.to_thread(self._changes)
-        candidates = link_candidates(listed, self.workdir) if asked.links else ()
-        if asked.patterns or candidates:
-            reply = await self._channel.request(
-                "lookup", _GRACE_S, patterns=list(asked.patterns), links=list(candidates)
-            )
-            found = reply["found"]
-            links = tuple(Relink(item["path"], item["target"], folder=bool(item.get("folder")))
-                          for item in reply.get("links", ()))  # fmt: skip
+        if asked.patterns:
+            found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
         changes = {path: kind for path, kind in listed.items() if path in asked.diff_paths}
-        return judge(report, self.workdir, changes, found, links)
+        return judge(report, self.workdir, changes, found, report.links)
 
     def _changes(self) -> dict[str, Change]:
         """Docker's diff of the writable layer: how each path it lists differs from the image (absent: unchanged)."""

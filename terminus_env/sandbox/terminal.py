@@ -8,6 +8,7 @@ stops working, that is what the agent did to it (TerminalGone), never a fault of
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Sequence
@@ -22,6 +23,9 @@ WIDTH, HEIGHT = 160, 40
 HISTORY_LINES = 100_000
 MAX_WAIT_S = 60.0
 MAX_TURN_WAIT_S = 3600.0  # what one turn's commands may wait in all, however many there are
+SETTLE_PAUSE_S = 0.05
+"""Between looks at output still scrolling after the shell seemed idle (a loop of shell builtins keeps the shell its
+own foreground job, so the idle check cannot see it run)."""
 CHUNK_BYTES = 8_000  # tmux send-keys silently drops arguments much longer than 16 KB
 TMUX = ["tmux", "-L", "terminus", "-f", "/dev/null"]
 TARGET = "main"
@@ -99,15 +103,22 @@ class Terminal:
     async def step(self, commands: Sequence[tuple[str, float]], budget: float | None = None) -> TerminalStep:
         """A whole turn in one request: type each command's keys and wait (as ``send``) in turn, starting none once
         ``budget`` seconds (the agent's time left; None: no limit) are spent; then what is new (as
-        ``capture_new``)."""
+        ``capture_new``). Output still scrolling once the shell looked idle is looked at again, within the turn's
+        wait, until it stops."""
         batch = [{"calls": _calls(keys), "timeout": min(max(float(duration), 0.0), MAX_WAIT_S)}
                  for keys, duration in commands]  # fmt: skip
         wait = sum(command["timeout"] for command in batch)
         wait = min(wait if budget is None else min(wait, budget), MAX_TURN_WAIT_S)
+        started = time.monotonic()
         reply = await self._request("step", wait + 30, commands=batch, budget=budget, **self._pane(), **self._where())
         if reply.get("error"):
             raise TerminalGone(f"the terminal stopped taking keys ({reply['error']}); close this sandbox")
-        return TerminalStep(tuple(reply["waited"]), await self._read(reply))
+        waited = tuple(reply["waited"])
+        deadline = started + wait  # the turn's commands may wait this long in all, as Terminus 2 always waits
+        while reply.get("moving") and time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_PAUSE_S)
+            reply = await self._request("capture", 30, screen=True, **self._where())
+        return TerminalStep(waited, await self._read(reply))
 
     async def capture_new(self) -> TerminalOutput:
         """Output since the last capture, or the current screen when none can be found."""

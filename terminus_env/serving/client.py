@@ -10,6 +10,7 @@ one that did and took the engine down with it must not be sent to the next repli
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +47,10 @@ class ReplicaUnavailable(ServingError):
         self.delivered = delivered
 
 
+class ModelNotServed(ServingError):
+    """The replica answers, and serves other models than the one asked for."""
+
+
 class EngineDied(ServingError):
     """A replica's engine died while it held this request (HTTP 5xx or a dropped connection, then no ``/health``).
 
@@ -56,6 +61,11 @@ class EngineDied(ServingError):
 
 # httpx's errors raised before a byte of the request left: the server cannot have seen it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+CONTROL_ATTEMPTS = 3  # a weight-update call (pause, resume, ...) whose connection dropped is sent again this often
+FRESH_WEIGHT_VERSION = "default"  # what vLLM's /weight_info says before any weight update
+# vLLM before it cut max_tokens to the room left refused the request instead, in these words.
+_OVERFLOW = re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages, (\d+) in the completion\)",
+                       re.S)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,16 @@ class Completion:
     logprobs: list[float] | None
     replica: str
     policy_version: Any = None  # the weights that served it, when a ServingPool knows (see sync_weights)
+    max_model_len: int | None = None  # the replica's context length: prompt + completion reached it when equal
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A model as a replica's ``/v1/models`` names it: the name requests use, what it was started from, its context."""
+
+    id: str
+    root: str  # the folder or Hugging Face name the replica loaded at start (vLLM's ``--model``)
+    max_model_len: int | None
 
 
 class ReplicaClient:
@@ -109,7 +129,11 @@ class ReplicaClient:
         headers: dict[str, str] | None = None,
         **sampling: Any,
     ) -> Completion:
-        """One ``/v1/chat/completions`` call asking for prompt and output token ids."""
+        """One ``/v1/chat/completions`` call asking for prompt and output token ids.
+
+        A server that refuses a ``max_tokens`` which only overflows the context together with the prompt (vLLM
+        before it cut such requests to the room left) is asked again for the room left, once.
+        """
         body = {
             "model": model,
             "messages": messages,
@@ -118,8 +142,56 @@ class ReplicaClient:
             "return_token_ids": True,
             **sampling,
         }
-        response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+        try:
+            response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+        except ContextLengthExceeded as exc:
+            room = _room_left(str(exc), max_tokens)
+            if room is None:
+                raise
+            body["max_tokens"] = room
+            response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
         return self._completion(response)
+
+    async def models(self) -> list[ModelCard]:
+        """The models ``/v1/models`` lists."""
+        response = await self._request("GET", "/v1/models")
+        try:
+            cards = response.json()["data"]
+            listed = []
+            for card in cards:
+                length = card.get("max_model_len")
+                valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+                listed.append(ModelCard(card["id"], str(card.get("root") or card["id"]), length if valid else None))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ServingError(f"{self.base_url}/v1/models: not an OpenAI model list: {response.text[:200]!r}") from exc
+        return listed
+
+    async def served_model(self, model: str) -> ModelCard:
+        """``model`` as ``/v1/models`` describes it; :class:`ModelNotServed`, naming the served ones, if it is not."""
+        served = {card.id: card for card in await self.models()}
+        if model not in served:
+            raise ModelNotServed(
+                f"{self.base_url} serves {', '.join(map(repr, served)) or 'no model'}, not {model!r}: pass the "
+                "served name (vLLM's --served-model-name, else its --model)"
+            )
+        return served[model]
+
+    async def continuation_logprobs(self, model: str, prompt_token_ids: list[int], token_ids: list[int]) -> list[float]:
+        """log p(token) of each of ``token_ids`` after ``prompt_token_ids`` under the weights served now, at
+        temperature 1 (vLLM's ``prompt_logprobs``); what a trainer compares with its own model after a weight sync."""
+        if not prompt_token_ids or not token_ids:
+            raise ValueError("continuation_logprobs needs at least one prompt token and one continuation token")
+        body = {"model": model, "prompt": [*prompt_token_ids, *token_ids], "max_tokens": 1, "prompt_logprobs": 0,
+                "temperature": 1.0}  # fmt: skip
+        response = await self._request("POST", "/v1/completions", json=body)
+        try:
+            scored = response.json()["choices"][0]["prompt_logprobs"][len(prompt_token_ids) :]
+            return [float(entry[str(token)]["logprob"]) for entry, token in zip(scored, token_ids, strict=True)]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ServingError(
+                f"{self.base_url}/v1/completions: no prompt logprobs in {response.text[:200]!r} (a vLLM server "
+                "answers them)"
+            ) from exc
 
     async def health(self, timeout_s: float | None = None) -> bool:
         """True when the server answers ``/health`` with 200 (within ``timeout_s`` when given); never raises."""
@@ -146,6 +218,10 @@ class ReplicaClient:
         """Stop scheduling new requests; ``wait`` lets the running ones finish on the current weights first."""
         await self._dev_request("/pause", params={"mode": mode})
 
+    async def is_paused(self) -> bool:
+        response = await self._dev_request("/is_paused", method="GET")
+        return bool(response.json().get("is_paused"))
+
     async def resume(self) -> None:
         await self._dev_request("/resume")
 
@@ -168,8 +244,17 @@ class ReplicaClient:
         return response.json().get("weight_version")
 
     async def _dev_request(self, path: str, method: str = "POST", **kwargs: Any) -> httpx.Response:
+        """A weight-update call. Each is idempotent, so one whose connection dropped before an answer is sent again:
+        a server that closed a kept-alive connection must not leave a replica paused."""
+        attempt = 1
         try:
-            return await self._request(method, path, **kwargs)
+            while True:
+                try:
+                    return await self._request(method, path, **kwargs)
+                except ReplicaUnavailable as exc:
+                    if attempt == CONTROL_ATTEMPTS or not isinstance(exc.__cause__, httpx.TransportError):
+                        raise
+                    attempt += 1
         except ServingError as exc:
             if "HTTP 404" in str(exc):
                 raise ServingError(
@@ -197,9 +282,8 @@ class ReplicaClient:
                 raise ContextLengthExceeded(message)
             if response.status_code == 400 and "cannot be greater than max_model_len" in message:
                 raise ServingError(
-                    f"{self.base_url}{path}: {message} The per-turn token limit is above the model's context: lower "
-                    "it (ServingPolicy(max_tokens=...), `terminus-env eval --max-turn-tokens`) or serve the model "
-                    "with a longer --max-model-len."
+                    f"{self.base_url}{path}: {message} The per-turn token limit is above the model's context: ask "
+                    "for at most its max_model_len (its /v1/models says it; ServingPool caps every request so)."
                 )
             raise ServingError(f"{self.base_url}{path}: HTTP {response.status_code}: {message}")
         return response
@@ -236,6 +320,16 @@ def message_text(message: dict) -> str:
     raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
 
 
+def _room_left(message: str, asked: int) -> int | None:
+    """The tokens left after the prompt, from an older vLLM's refusal, when the prompt itself fits."""
+    match = _OVERFLOW.search(message)
+    if match is None:
+        return None
+    limit, prompt = int(match.group(1)), int(match.group(2))
+    room = limit - prompt
+    return room if 0 < room < asked else None
+
+
 def _error_message(response: httpx.Response) -> str:
     """vLLM's error body: ``{"error": {"message": ...}}`` now, ``{"message": ...}`` in old releases."""
     try:
@@ -249,3 +343,14 @@ def _error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return response.text[:500]
+
+
+async def served_context_window(base_url: str, model: str | None = None) -> int | None:
+    """The context in tokens of ``model`` (the only model served, when None) at ``base_url``; None when the server
+    does not report one, serves no such model, or does not answer (the caller says what to pass instead)."""
+    try:
+        async with ReplicaClient(base_url, timeout_s=10.0) as client:
+            cards = [card for card in await client.models() if model is None or card.id == model]
+    except ServingError:
+        return None
+    return cards[0].max_model_len if len(cards) == 1 else None

@@ -19,14 +19,19 @@ generator, and a CPU generator has no offset to rewind). Whether a prefill is sp
 else shares the step, so the crash would come at random; with whole prefills it cannot happen
 (vLLM then sizes a step's token budget to the context length).
 
+Each replica samples with its own seed (``--seed`` BASE, replica *i* gets BASE + *i*): vLLM's default seed is the
+same everywhere, and replicas that get requests in the same order would then draw the same random numbers, so a
+GRPO group spread over them would hold copies. A replica started again gets a seed no replica had yet.
+
 A replica that dies while serving is restarted, up to ``--max-restarts`` times, while the others keep
-serving; ``ServingPool`` sees it come back on ``/health`` and loads the last synced weights into it.
+serving; ``ServingPool`` sees it come back on ``/health`` and loads the last synced weights into it. With
+``--weight-sync``, a replica whose ``/weight_info`` says it failed to load weights and could not take the last
+good ones back (:data:`~terminus_env.serving.weight_sync.BROKEN_TAG`) is restarted too, whatever the count.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import enum
 import importlib.util
 import math
@@ -35,17 +40,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
 from terminus_env.config import CUDA_VISIBLE_DEVICES, env_str
-from terminus_env.errors import TerminusError
-from terminus_env.process_group import end_group
+from terminus_env.serving.supervisor import (
+    LaunchError,
+    Replica,
+    id_list,
+    start,
+    stop_all,
+    wait_healthy,
+    watch,
+)
 
-KILL_WAIT_S = 30.0  # for every process of a SIGKILLed replica to be gone
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 ENGINE_DEFAULT = "engine-default"  # pass no --logprobs-mode at all
@@ -66,6 +76,7 @@ CHUNKED_PREFILL_WARNING = (
 )
 _OWNED_FLAGS = (
     "--model",
+    "--seed",
     "--port",
     "--tensor-parallel-size",
     "-tp",
@@ -76,34 +87,10 @@ _OWNED_FLAGS = (
 )
 
 
-class LaunchError(TerminusError):
-    """The replicas cannot be started as asked; the message says what to change."""
-
-
 class Device(enum.Enum):
     AUTO = "auto"  # GPUs when a GPU driver is present, else the CPU
     GPU = "gpu"
     CPU = "cpu"
-
-
-@dataclass(frozen=True)
-class Replica:
-    index: int
-    port: int
-    gpus: tuple[str, ...]  # empty on the CPU
-    argv: tuple[str, ...]
-    cpus: tuple[int, ...] = ()  # the cores a CPU replica is pinned to
-    env: Mapping[str, str] = field(default_factory=dict)  # variables set for this replica
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def placement(self) -> str:
-        if self.gpus:
-            return f"GPUs {','.join(self.gpus)}"
-        return f"CPU cores {_id_list(self.cpus)}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dp", type=int, default=1, help="replicas (data-parallel ranks)")
     parser.add_argument("--tp", type=int, default=1, help="GPUs per replica (tensor parallelism)")
     parser.add_argument("--port", type=int, default=8000, help="first replica's port; replica i uses port+i")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed of replica 0: replica i gets SEED+i, so that replicas draw different samples, and a "
+        "replica started again the next unused one (SEED+DP, SEED+DP+1, ...); give each other launcher serving "
+        "the same trainer a range of its own (--seed 1000, say)",
+    )
     parser.add_argument("--host", help="address to bind (vLLM's default: all interfaces)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM's per-replica cap on running requests")
     parser.add_argument(
@@ -183,11 +178,13 @@ def plan(
             raise LaunchError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.seed < 0:
+        raise LaunchError(f"--seed must be 0 or more, got {args.seed}")
     owned = [flag for flag in extra if flag.split("=", 1)[0] in _OWNED_FLAGS]
     if owned:
         raise LaunchError(
             f"{', '.join(owned)} after `--` conflicts with what `serve` sets itself; "
-            "use --model, --dp, --tp, --port, --max-num-seqs and --logprobs-mode instead"
+            "use --model, --seed, --dp, --tp, --port, --max-num-seqs and --logprobs-mode instead"
         )
     max_num_seqs = _max_num_seqs(args.max_num_seqs, args.planned_concurrency, args.dp)
     device = Device(args.device)
@@ -196,7 +193,8 @@ def plan(
     replicas = []
     for i, (gpus, cpus) in enumerate(placements):
         port = args.port + i
-        argv = [python, "-m", VLLM_MODULE, "--model", args.model, "--port", str(port), "--enable-prefix-caching"]
+        argv = [python, "-m", VLLM_MODULE, "--model", args.model, "--port", str(port), "--seed", str(args.seed + i),
+                "--enable-prefix-caching"]  # fmt: skip
         if not on_cpu:
             argv += ["--tensor-parallel-size", str(args.tp)]
         if args.host:
@@ -208,12 +206,12 @@ def plan(
         if on_cpu and not chunked_prefill_chosen(extra):
             argv += ["--no-enable-chunked-prefill"]
         if on_cpu:
-            env = {CPU_BIND_VAR: _id_list(cpus), CPU_KV_CACHE_VAR: str(args.cpu_kv_cache_gib)}
+            env = {CPU_BIND_VAR: id_list(cpus), CPU_KV_CACHE_VAR: str(args.cpu_kv_cache_gib)}
         else:
             env = {CUDA_VISIBLE_DEVICES: ",".join(gpus)}
         if args.weight_sync:
             env[DEV_MODE_VAR] = "1"
-        replicas.append(Replica(i, port, gpus, tuple(argv + list(extra)), cpus, env))
+        replicas.append(Replica(i, port, gpus, tuple(argv + list(extra)), cpus, env, args.seed + i))
     return replicas
 
 
@@ -240,18 +238,10 @@ def _cpu_shares(args: argparse.Namespace, cores: Sequence[int]) -> list[tuple[tu
     if len(cores) < args.dp:
         raise LaunchError(
             f"--dp {args.dp} on the CPU needs a core per replica but this process may use {len(cores)} "
-            f"({_id_list(cores) or 'none'}); lower --dp"
+            f"({id_list(cores) or 'none'}); lower --dp"
         )
     share = len(cores) // args.dp
     return [((), tuple(cores[i * share : (i + 1) * share])) for i in range(args.dp)]
-
-
-def _id_list(ids: Sequence[int]) -> str:
-    """Core ids as vLLM's binding variable takes them: ``0-3`` for a run, ``0,2`` otherwise."""
-    ids = list(ids)
-    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1:
-        return f"{ids[0]}-{ids[-1]}"
-    return ",".join(map(str, ids))
 
 
 def _max_num_seqs(asked: int | None, planned: int | None, dp: int) -> int | None:
@@ -307,10 +297,10 @@ def main(argv: list[str]) -> int:
     try:
         started = time.monotonic()
         for replica in replicas:
-            procs.append(_start(replica, args.log_dir))
-        _wait_healthy(replicas, procs, args.startup_timeout)
-        _print_endpoints(replicas, args.model, time.monotonic() - started)
-        return _watch(replicas, procs, args.max_restarts, args.log_dir)
+            procs.append(start(replica, args.log_dir))
+        wait_healthy(replicas, procs, args.startup_timeout)
+        _print_endpoints(replicas, _served_name(replicas[0], args.model), time.monotonic() - started)
+        return watch(replicas, procs, args.max_restarts, args.log_dir, weight_sync=args.weight_sync, seed=args.seed)
     except (KeyboardInterrupt, _Stop):
         print("terminus-env serve: stopping the replicas", file=sys.stderr)
         return 0
@@ -322,7 +312,7 @@ def main(argv: list[str]) -> int:
         previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            _stop_all(procs, args.stop_timeout)
+            stop_all(procs, args.stop_timeout)
         finally:
             signal.signal(signal.SIGINT, previous_int)
             signal.signal(signal.SIGTERM, previous)
@@ -353,62 +343,13 @@ def _split_extra(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _start(replica: Replica, log_dir: Path | None) -> subprocess.Popen:
-    env = {**os.environ, **replica.env}
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / f"replica-{replica.index}.log", "ab") if log_dir else contextlib.nullcontext()  # noqa: SIM115
-    with log as out:  # the child keeps its own copy of the descriptor
-        # Its own process group, so stopping it reaches the engine and worker processes vLLM forks.
-        return subprocess.Popen(
-            replica.argv,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (the launcher runs no threads)
-        )
-
-
-def _die_with_parent() -> None:
-    """Linux: the replica gets SIGTERM if the launcher is killed outright (no orphans even then)."""
+def _served_name(replica: Replica, model: str) -> str:
+    """The name requests must use (``--served-model-name`` when given), as the replica's ``/v1/models`` says."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _wait_healthy(replicas: list[Replica], procs: list[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = list(replicas)
-    with httpx.Client(timeout=2.0) as http:
-        while pending:
-            _check_alive(replicas, procs, "while starting")
-            pending = [r for r in pending if not _healthy(http, r.url)]
-            if pending and time.monotonic() > deadline:
-                raise LaunchError(
-                    f"replica(s) {', '.join(r.url for r in pending)} not healthy after {timeout_s:.0f}s "
-                    "(raise --startup-timeout for large models, or see their logs)"
-                )
-            if pending:
-                time.sleep(0.5)
-
-
-def _healthy(http: httpx.Client, url: str) -> bool:
-    try:
-        return http.get(f"{url}/health").status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _check_alive(replicas: list[Replica], procs: list[subprocess.Popen], when: str) -> None:
-    for replica, proc in zip(replicas, procs):
-        code = proc.poll()
-        if code is not None:
-            raise LaunchError(f"replica {replica.index} (port {replica.port}) exited with code {code} {when}")
+        names = [card["id"] for card in httpx.get(f"{replica.url}/v1/models", timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return model
+    return names[0] if names else model
 
 
 def _print_endpoints(replicas: list[Replica], model: str, startup_s: float) -> None:
@@ -422,59 +363,6 @@ def _print_endpoints(replicas: list[Replica], model: str, startup_s: float) -> N
         print(CHUNKED_PREFILL_WARNING, file=sys.stderr, flush=True)
     flags = " ".join(f"--base-url {r.url}" for r in replicas)
     print(f"evaluate with: terminus-env eval --model {model} {flags}", flush=True)
-
-
-def _watch(replicas: list[Replica], procs: list[subprocess.Popen], max_restarts: int, log_dir: Path | None) -> int:
-    """Serve until Ctrl-C / SIGTERM (raised out of here). A replica that dies is started again, up to
-    ``max_restarts`` times, while the others keep serving; when none is left, return 1."""
-    restarts = [0] * len(replicas)
-    gone: set[int] = set()
-    while len(gone) < len(replicas):
-        for i, (replica, proc) in enumerate(zip(replicas, procs)):
-            code = proc.poll()
-            if i in gone or code is None:
-                continue
-            end_group(proc.pid, KILL_WAIT_S)  # what vLLM forked outlives the API server, holding its memory and log
-            what = f"terminus-env serve: replica {replica.index} ({replica.url}) exited with code {code} while serving"
-            if restarts[i] >= max_restarts:
-                gone.add(i)
-                left = len(replicas) - len(gone)
-                print(f"{what}; not restarted again ({max_restarts} restarts); {left} replica(s) left", file=sys.stderr)
-                continue
-            restarts[i] += 1
-            print(f"{what}; starting it again ({restarts[i]} of {max_restarts}), the others keep serving",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            procs[i] = _start(replica, log_dir)
-        time.sleep(0.5)
-    print("terminus-env serve: no replica is left", file=sys.stderr)
-    return 1
-
-
-def _stop_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM every replica's process group, wait, then SIGKILL what is left of each group and wait until none of
-    it is alive: a worker that outlived its leader may still write to the replica's log or caches, which the caller
-    may remove as soon as this returns."""
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:
-        left = end_group(proc.pid, KILL_WAIT_S)  # stragglers, including workers whose leader already exited
-        proc.wait()
-        if left:
-            print(f"terminus-env serve: processes {left} of replica pid {proc.pid} outlived SIGKILL for "
-                  f"{KILL_WAIT_S:.0f}s", file=sys.stderr)  # fmt: skip
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ A background task scrapes every replica's ``/metrics`` to keep the router and ad
 Every routing and admission decision goes through a :class:`Scheduler`, the same one the routing
 benchmark drives in virtual time. Between training steps, :meth:`ServingPool.sync_weights` pushes new
 weights to every replica; each completion carries the ``policy_version`` of the weights that served it.
+
+At start the pool reads each replica's ``/v1/models`` (its context length, what it was started from) and
+``/weight_info`` (the version of the weights it serves, which a restarted trainer carries on from). Each request
+asks for at most the replica's context length (vLLM cuts it further to the room the prompt leaves).
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from typing import Any
 
 from terminus_env.serving.admission import Admission
 from terminus_env.serving.client import (
+    FRESH_WEIGHT_VERSION,
     Completion,
     ContextLengthExceeded,
     EngineDied,
+    ModelCard,
+    ModelNotServed,
     ReplicaClient,
     ReplicaUnavailable,
     ServingError,
@@ -37,7 +44,16 @@ from terminus_env.serving.metrics import EngineMetrics, combine
 from terminus_env.serving.policies import Policy
 from terminus_env.serving.router import NoReplicaAvailable, Router
 from terminus_env.serving.scheduler import Scheduler
-from terminus_env.serving.weight_sync import WeightSource, WeightSync
+from terminus_env.serving.weight_sync import (
+    BROKEN_TAG,
+    InitialWeights,
+    LoadFailed,
+    Weights,
+    WeightSource,
+    WeightSync,
+    load_into,
+    version_of,
+)
 
 __all__ = ["Completion", "ContextLengthExceeded", "EngineDied", "ReplicaUnavailable", "ServingError", "ServingPool"]
 
@@ -45,6 +61,7 @@ log = logging.getLogger(__name__)
 _CHARS_PER_TOKEN = 4  # a rough prompt-size estimate until the server's count comes back
 HEALTH_PROBE_S = 10.0  # how long a replica has to answer /health after a request failed there
 RETRIES_AT_HEALTHY_REPLICAS = 2  # a request that failed at a replica still healthy afterwards is sent again this often
+CATCH_UP_RETRY_S = 30.0  # a replica back from the dead that failed to load the pool's weights is tried again after this
 
 
 @dataclass
@@ -77,6 +94,7 @@ class ServingPool:
         failover_timeout_s: float = 300.0,
         request_timeout_s: float = 3600.0,
         connect_timeout_s: float = 5.0,
+        catch_up_retry_s: float = CATCH_UP_RETRY_S,
     ) -> None:
         if not base_urls:
             raise ValueError("base_urls is empty: give the pool at least one vLLM server URL")
@@ -85,6 +103,7 @@ class ServingPool:
         self.model = model
         self.scrape_interval_s = scrape_interval_s
         self.failover_timeout_s = failover_timeout_s
+        self.catch_up_retry_s = catch_up_retry_s
         self._clients = {}
         for url in base_urls:
             client = ReplicaClient(url, timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s)
@@ -104,8 +123,10 @@ class ServingPool:
         self._sessions: dict[str, _SessionState] = {}
         self._scraper: asyncio.Task | None = None
         self.failovers = 0  # requests retried on another replica
-        self.policy_version: Any = None  # the weights the replicas serve, as the last sync_weights named them
-        self._synced: tuple[WeightSource, str] | None = None  # the last sync, for replicas that were down
+        self.policy_version: Any = None  # the weights the replicas serve: the last sync's, or as read at start
+        self._good = Weights(None, None)  # the weights the fleet serves: what a replica back or failing is given
+        self._cards: dict[str, ModelCard] = {}  # each replica's /v1/models entry for the model
+        self._retry_at: dict[str, float] = {}  # when a replica that failed to catch up is tried again
         self._open = asyncio.Event()  # cleared while a weight sync holds new requests
         self._open.set()
         self._idle = asyncio.Event()  # set when no request of this pool is at a replica
@@ -135,11 +156,46 @@ class ServingPool:
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Scrape every replica once (so placement starts informed), then keep scraping in the background."""
+        """Read what each replica serves and scrape it once (so placement starts informed), then keep scraping in
+        the background. Raises :class:`ServingError` when a replica that answers does not serve ``model``."""
         if self._scraper is not None:
             return
+        await self._read_versions()
         await self._scrape_all()
         self._scraper = asyncio.create_task(self._scrape_forever(), name="serving-pool-scraper")
+
+    async def _read_versions(self) -> None:
+        """The weight version every replica that answers reports: the pool's ``policy_version`` when they agree."""
+        tags = await asyncio.gather(*(self._read_replica(name) for name in self._clients))
+        known = {tag for tag in tags if tag is not None}
+        if len(known) > 1:
+            versions = ", ".join(f"{name}: {tag}" for name, tag in zip(self._clients, tags))
+            log.warning("the replicas serve different weight versions (%s): rows carry policy_version None until "
+                        "the next sync_weights", versions)  # fmt: skip
+            return
+        if not known:
+            return
+        tag = known.pop()
+        root = next((card.root for card in self._cards.values()), None)
+        fresh = tag == FRESH_WEIGHT_VERSION
+        self._good = Weights(InitialWeights(root) if fresh and root else None, tag)
+        self.policy_version = None if fresh else version_of(tag)
+
+    async def _read_replica(self, name: str) -> str | None:
+        """A replica's model card, kept; its weight version (None when it does not answer or report one)."""
+        client = self._clients[name]
+        try:
+            self._cards[name] = await client.served_model(self.model)
+        except ReplicaUnavailable:
+            return None  # down: the scrape marks it so
+        except ModelNotServed:
+            raise
+        except ServingError as exc:  # no model list (not a vLLM server): no context length known, none capped
+            log.warning("replica %s: %s", name, exc)
+        try:
+            return await client.weight_version()
+        except ServingError:
+            return None  # no weight-update endpoints (a server started without --weight-sync)
 
     async def aclose(self) -> None:
         if self._scraper is not None:
@@ -203,9 +259,11 @@ class ServingPool:
             replica = await self._route(session_id, group_id, deadline, last_error)
             await self._open.wait()  # a weight sync in progress holds the request until the new weights are in
             version = self.policy_version
+            limit = self._cards[replica].max_model_len if replica in self._cards else None
+            asked = min(max_tokens, limit) if limit else max_tokens  # the engine cuts it to the room the prompt leaves
             self.scheduler.dispatched(replica, session_id, estimate)
             try:
-                completion = await self._at_replica(replica, messages, max_tokens, sampling)
+                completion = await self._at_replica(replica, messages, asked, sampling)
             except ReplicaUnavailable as exc:
                 self.scheduler.failed(replica, session_id, estimate)
                 if exc.delivered:
@@ -232,7 +290,7 @@ class ServingPool:
         state.trace_tokens = completion.prompt_tokens + completion.completion_tokens
         state.messages_seen = len(messages)
         state.turns += 1
-        return dataclasses.replace(completion, policy_version=version)
+        return dataclasses.replace(completion, policy_version=version, max_model_len=limit)
 
     async def _at_replica(self, replica: str, messages: list[dict], max_tokens: int, sampling: dict) -> Completion:
         """One request at a replica, counted so that a weight sync can wait for it to finish."""
@@ -250,51 +308,63 @@ class ServingPool:
     async def sync_weights(self, source: WeightSource, version: Any) -> WeightSync:
         """Load new weights into every replica that is up; requests sent after it carry ``version``.
 
-        New requests wait while it runs; requests already at a replica finish on the old weights and
-        keep the old version (vLLM's ``/pause?mode=wait`` drains other clients' requests the same way).
-        Each replica is then loaded from ``source``, its prefix cache reset (no later request may reuse
-        KV computed with the old weights) and its weight version set, then resumed. A replica that is
-        down, or fails to load while others succeed, is marked down and loads these weights before it
-        takes sessions again. Raises :class:`ServingError`, changing nothing, when no replica took them.
+        New requests wait from the call on. ``source`` is first checked against the model the replicas serve (for a
+        checkpoint: every tensor, by name and shape), before any replica pauses: one that cannot replace it whole
+        raises :class:`~terminus_env.serving.checkpoint.CheckpointError` and nothing changes. Requests already at
+        a replica finish on the old weights and keep the old version (vLLM's
+        ``/pause?mode=wait`` drains other clients' requests the same way). Each replica is loaded from ``source``,
+        its prefix cache reset (no later request may reuse KV computed with the old weights) and its weight
+        version set, then resumed. A replica that fails to load is given the last good weights back before it
+        serves again, or, when it cannot take them, tagged broken and left paused until it restarts (``terminus-env
+        serve`` restarts it); either way it is marked down and loads these weights before it takes sessions again,
+        as does a replica that was down. Raises :class:`ServingError` when no replica took them: every replica
+        then serves the last good weights under the last good version, or is out until it restarts.
         """
+        tag = str(version)
+        if tag.startswith(BROKEN_TAG):
+            raise ValueError(f"version {tag!r} is the tag of a replica that failed to load; name versions otherwise")
         loop = asyncio.get_running_loop()
         async with self._sync_lock:
             held_from = loop.time()
             self._open.clear()
             try:
+                await source.check(await self._served_root())  # reads headers only: a moment, whatever the model
                 await self._idle.wait()
                 up = [name for name in self._clients if name not in self._down]
+                new = Weights(source, tag)
                 results = await asyncio.gather(
-                    *(self._load(name, source, str(version)) for name in up), return_exceptions=True
+                    *(load_into(self._clients[name], new, self._good) for name in up), return_exceptions=True
                 )
-                loaded = [name for name, result in zip(up, results) if not isinstance(result, BaseException)]
-                if not loaded:  # nothing changed anywhere: say why, and leave the replicas as they were
-                    errors = "; ".join(f"{n}: {r}" for n, r in zip(up, results))
-                    raise ServingError(f"no replica took the weights of version {version} ({errors or 'none is up'})")
-                for name, result in zip(up, results):
-                    if isinstance(result, BaseException):  # it holds other weights than the rest now
-                        self._mark_down(name, result)
+                failed = {name: r for name, r in zip(up, results) if isinstance(r, BaseException)}
+                loaded = [name for name in up if name not in failed]
+                for name, error in failed.items():
+                    if loaded or not (isinstance(error, LoadFailed) and error.restored):
+                        self._mark_down(name, error)  # it holds other weights than the fleet now, or none
+                if not loaded:
+                    errors = "; ".join(f"{n}: {r}" for n, r in failed.items())
+                    raise ServingError(
+                        f"no replica took the weights of version {version} ({errors or 'none is up'}); the replicas "
+                        f"that answer serve version {self._good.tag} as before"
+                    )
                 load_s = max(r for r in results if not isinstance(r, BaseException))
                 self.policy_version = version
-                self._synced = (source, str(version))
+                self._good = new
             finally:
                 self._open.set()
             skipped = tuple(name for name in self._clients if name not in loaded)
-            return WeightSync(str(version), tuple(loaded), skipped, loop.time() - held_from, load_s)
+            return WeightSync(tag, tuple(loaded), skipped, loop.time() - held_from, load_s)
 
-    async def _load(self, name: str, source: WeightSource, version: str) -> float:
-        """Pause, load, reset the prefix cache, set the version, resume; the seconds loading took."""
-        client = self._clients[name]
-        await client.pause("wait")
-        try:
-            started = time.perf_counter()
-            await source.load(client)
-            load_s = time.perf_counter() - started
-            await client.reset_prefix_cache()
-            await client.set_weight_version(version)
-        finally:
-            await client.resume()
-        return load_s
+    async def _served_root(self) -> str:
+        """What the replicas started from (``/v1/models``' ``root``), read now from one that is up if not yet."""
+        for name in self._clients:
+            if name not in self._cards and name not in self._down:
+                with contextlib.suppress(ReplicaUnavailable):
+                    self._cards[name] = await self._clients[name].served_model(self.model)
+        roots = {card.root for card in self._cards.values()}
+        if len(roots) != 1:
+            what = f"different models ({', '.join(sorted(roots))})" if roots else "nothing (no replica answers)"
+            raise ServingError(f"the replicas of {self.model} were started from {what}; serve one model everywhere")
+        return roots.pop()
 
     async def _route(self, session_id: str, group_id: str | None, deadline: float, last_error: Exception | None) -> str:
         """A replica for the session, waiting for the health probe while every replica is down."""
@@ -328,13 +398,14 @@ class ServingPool:
     async def _scrape(self, name: str) -> None:
         client = self._clients[name]
         if name in self._down:
-            if not await client.health():
-                return
-            if self._synced is not None and not await self._catch_up(name):
-                return
-            log.info("replica %s answers /health again; it takes new sessions", name)
-            self._down.discard(name)
-            self.scheduler.mark_up(name)
+            if not await client.health() or self._sync_lock.locked():
+                return  # down, or a sync runs: it would move the weights this replica must hold
+            async with self._sync_lock:
+                if not await self._weights_current(name):
+                    return
+                log.info("replica %s answers /health again; it takes new sessions", name)
+                self._down.discard(name)
+                self.scheduler.mark_up(name)
         try:
             engines = await client.metrics()
         except ReplicaUnavailable as exc:
@@ -346,13 +417,33 @@ class ServingPool:
         self._metrics[name] = combine(engines.values(), engine=name)
         self.scheduler.scraped(name, self._metrics[name])
 
-    async def _catch_up(self, name: str) -> bool:
-        """A replica back from the dead loads the last synced weights before it serves; False if it cannot."""
-        source, version = self._synced
+    async def _weights_current(self, name: str) -> bool:
+        """Whether a replica back from the dead serves the fleet's weights, loading them into it if it can: a
+        replica restarted comes back with the weights it was started with."""
+        client = self._clients[name]
+        with contextlib.suppress(ServingError):
+            self._cards[name] = await client.served_model(self.model)
+        if self._good.tag is None:
+            return True  # the replicas report no versions: nothing to compare
         try:
-            await self._load(name, source, version)
+            tag = await client.weight_version()
         except ServingError as exc:
-            log.warning("replica %s is back but did not load weights version %s: %s", name, version, exc)
+            log.warning("replica %s answers but not /weight_info (%s); it stays out", name, exc)
+            return False
+        if tag == self._good.tag:
+            with contextlib.suppress(ServingError):  # a sync that could not resume it left it paused
+                if await client.is_paused():
+                    await client.resume()
+            return True
+        if tag == BROKEN_TAG or self._good.source is None or time.monotonic() < self._retry_at.get(name, 0.0):
+            return False  # restarting, or weights this pool cannot load, or tried a moment ago
+        root = self._cards[name].root if name in self._cards else None
+        own = Weights(InitialWeights(root) if tag == FRESH_WEIGHT_VERSION and root else None, tag)
+        try:
+            await load_into(client, self._good, own)
+        except ServingError as exc:
+            log.warning("replica %s is back but did not load weights version %s: %s", name, self._good.tag, exc)
+            self._retry_at[name] = time.monotonic() + self.catch_up_retry_s
             return False
         return True
 

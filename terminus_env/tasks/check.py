@@ -1,7 +1,11 @@
 """`terminus-env tasks check` and `tasks list`: is every task in a suite valid?
 
 A task is valid when its oracle (solve.sh, then the verifier, in one container) earns 1 and
-doing nothing (a fresh container graded at once) earns 0 -- Terminal-Bench's two checks.
+doing nothing (a fresh container graded at once) earns 0 -- Terminal-Bench's two checks -- and
+when both hold in train mode too: the oracle typed into the terminal by the policy, and an agent
+that declares the task done at once, each played through the env, where a verifier run flagged as
+tampering ends the episode with reward 0. A flag there is a false one (neither touches the
+verifier's runtime), and the check names its finding.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from terminus_env.tasks.task import Task, TaskError, task_image
 if TYPE_CHECKING:
     from terminus_env.sandbox import Sandbox
 
-CHECKS = ("nop", "oracle")
-_EXPECTED = {"nop": 0.0, "oracle": 1.0}
+CHECKS = ("nop", "oracle", "train-nop", "train-oracle")
+TRAIN_CHECKS = ("train-nop", "train-oracle")
+"""Played through the env in train mode (``TamperPolicy.FAIL``), as a trainer's episodes are."""
+_EXPECTED = {"nop": 0.0, "oracle": 1.0, "train-nop": 0.0, "train-oracle": 1.0}
 
 
 @dataclass(frozen=True)
 class CheckOutcome:
     task: str
     check: str
-    """"nop", "oracle", or "load"/"image" when the task failed before either check could run."""
+    """One of CHECKS, or "load"/"image" when the task failed before any check could run."""
     reward: float | None
     passed: bool
     duration_s: float
@@ -50,7 +56,7 @@ def run_check(folder: Path | None, jobs: int = 4, names: list[str] | None = None
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start = time.monotonic()
-    outcomes = asyncio.run(check_tasks(paths, jobs, _ProgressPrinter(2 * len(paths), sys.stdout)))
+    outcomes = asyncio.run(check_tasks(paths, jobs, _ProgressPrinter(len(CHECKS) * len(paths), sys.stdout)))
     print_outcomes(outcomes, time.monotonic() - start, sys.stdout)
     return 0 if outcomes and all(o.passed for o in outcomes) else 1
 
@@ -84,7 +90,7 @@ async def check_tasks(
 
 
 async def check_task(path: Path, report: Callable[[CheckOutcome], None]) -> list[CheckOutcome]:
-    """Load, build, then run the nop and oracle checks, each in its own container."""
+    """Load, build, then run every check of CHECKS, each in its own container."""
     start = time.monotonic()
     try:
         task = load_task(path)
@@ -96,7 +102,8 @@ async def check_task(path: Path, report: Callable[[CheckOutcome], None]) -> list
         return [outcome]
     outcomes = []
     for check in CHECKS:
-        outcome = await run_one_check(task, image, check)
+        run = run_train_check(task, check) if check in TRAIN_CHECKS else run_one_check(task, image, check)
+        outcome = await run
         report(outcome)
         outcomes.append(outcome)
     return outcomes
@@ -124,6 +131,29 @@ async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
     elif not passed:
         detail = "; ".join(x for x in (detail, result.reason, result.failure or _output_tail(result.output)) if x)
     return CheckOutcome(task.name, check, result.reward, passed, time.monotonic() - start, detail)
+
+
+async def run_train_check(task: Task, check: str) -> CheckOutcome:
+    """One episode through the env in train mode: the oracle typed by the policy, or the task declared done."""
+    from terminus_env.rollout import NopPolicy, OraclePolicy, RolloutRunner
+    from terminus_env.rollout.policy import Rollout
+    from terminus_env.rules import EndReason
+
+    start = time.monotonic()
+    policy = OraclePolicy() if check == "train-oracle" else NopPolicy()
+    runner = RolloutRunner(policy, env_kwargs={"mode": "train"}, max_sandboxes=1)
+    trajectory = await runner.run_one(Rollout(f"check-{check}-{task.name}", task.name, task))
+    summary, duration = trajectory.summary, time.monotonic() - start
+    if summary is None:
+        return CheckOutcome(task.name, check, None, False, duration, _one_line(trajectory.error or "no episode"))
+    if summary.end_reason is EndReason.TAMPERED or summary.tampering:
+        flags = [f"{f['kind']} {f['path']} ({f['detail']})" for f in summary.tampering]
+        return CheckOutcome(task.name, check, summary.reward, False, duration,
+                            "flagged as tampering in train mode: " + "; ".join(flags))  # fmt: skip
+    passed = summary.graded and summary.reward == _EXPECTED[check]
+    why = summary.grade_reason or summary.failure or summary.error or ""
+    detail = "" if passed else _one_line(f"ended {summary.end_reason.value}" + (f": {why}" if why else ""))
+    return CheckOutcome(task.name, check, summary.reward, passed, duration, detail)
 
 
 async def _start_sandbox(task: Task, image: str) -> Sandbox:
@@ -173,7 +203,8 @@ def print_outcomes(outcomes: list[CheckOutcome], elapsed_s: float, out: TextIO) 
         problem = next((o.detail for o in checks.values() if not o.passed), "")
         rows.append((name, *cells, "ok" if all(o.passed for o in checks.values()) else f"FAIL {problem}"[:120]))
     out.write("\n")
-    _print_table(("task", "nop (want 0)", "oracle (want 1)", "result"), rows, out)
+    header = ("task", "nop (want 0)", "oracle (want 1)", "train nop (want 0)", "train oracle (want 1)", "result")
+    _print_table(header, rows, out)
     failed = sum(1 for row in rows if row[-1] != "ok")
     out.write(f"\n{len(rows) - failed}/{len(rows)} tasks valid in {elapsed_s:.0f}s\n")
 

@@ -38,6 +38,10 @@ TEST_STDOUT = f"{VERIFIER_LOGS}/test-stdout.txt"
 CTRF_REPORT = f"{VERIFIER_LOGS}/ctrf.json"
 OUTPUT_CAP = 20_000
 """Characters of verifier output kept in a `GradeResult` (the tail, where the summary is)."""
+KEPT_FILE_CAP = 200_000
+"""Bytes of a reward or CTRF file kept whole in a `GradeResult`; a larger one is not kept (cut JSON reads as none)."""
+VERIFIER_OUTPUT_NAME = "test-stdout.txt"
+"""The verifier's output, by its name in a Harbor trial's ``verifier/`` folder (the other kept files keep theirs)."""
 _LOG_READ_BYTES = 4_000_000
 _SETUP_TIMEOUT_S = 60.0
 _PYTEST_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+\S", re.MULTILINE)
@@ -59,6 +63,9 @@ class GradeResult:
     tampering: tuple[Finding, ...] = ()
     """What the verifier ran that the agent changed in the verifier's runtime (``sandbox/tamper.py``); the env
     decides what that does to the episode (``TamperPolicy``)."""
+    files: tuple[tuple[str, str], ...] = ()
+    """The verifier's files by their names in Harbor's ``verifier/`` folder: ``test-stdout.txt`` (the output, its last
+    `OUTPUT_CAP` characters), and ``reward.txt``, ``reward.json``, ``ctrf.json`` where it wrote them whole."""
 
 
 async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
@@ -83,9 +90,10 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         raise ResourcesExhausted(f"the container hit its {' and '.join(run.limits_hit)} limit while the verifier ran")
     output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
+    files = _kept_files(output[-OUTPUT_CAP:], run.files)
     if run.result.timed_out:
         reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering)
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering, files=files)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
@@ -94,7 +102,17 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         reason = "; ".join(refused) if refused and reward == 0.0 else reason
     # The first failing test: from the CTRF report if the verifier wrote one, else from its output (issue 11a).
     failure = first_failure(output, run.files.get(CTRF_REPORT))
-    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering)
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering, files)
+
+
+def _kept_files(output: str, files: dict[str, bytes | None]) -> tuple[tuple[str, str], ...]:
+    """What a run keeps of the verifier's files, as Harbor names them: the output, and the small files whole."""
+    kept = [(VERIFIER_OUTPUT_NAME, output)] if output else []
+    for path in (REWARD_TXT, REWARD_JSON, CTRF_REPORT):
+        data = files.get(path)
+        if data is not None and len(data) <= KEPT_FILE_CAP:
+            kept.append((path.rsplit("/", 1)[1], data.decode("utf-8", "replace")))
+    return tuple(kept)
 
 
 def tests_archive(task: Task) -> bytes:
@@ -161,26 +179,35 @@ def parse_reward_txt(data: bytes) -> tuple[float, str | None]:
 
 
 def parse_reward_json(data: bytes) -> tuple[float, str | None]:
-    """reward.json is a dict of numbers: its `reward` key, else the mean of its values; each in [0, 1]."""
+    """reward.json is an object: its `reward` key, a finite number in [0, 1], whatever else the file holds beside it
+    (counters such as ``"passed": 7``, as Harbor's verifiers write); without one, the mean of its values, each a
+    number in [0, 1]."""
     try:
-        values = json.loads(data, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+        values = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return 0.0, f"{REWARD_JSON} is not valid JSON: {exc}"
     if not isinstance(values, dict) or not values:
         return 0.0, f"{REWARD_JSON} must be a non-empty object of numbers, not {data[:100]!r}"
-    numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(numbers) != len(values) or not all(math.isfinite(v) for v in numbers):
-        return 0.0, f"{REWARD_JSON} holds values that are not finite numbers: {data[:100]!r}"
+    if "reward" in values:
+        reward = values["reward"]
+        if not _finite_number(reward):
+            return 0.0, f"{REWARD_JSON}'s reward is not a finite number: {str(reward)[:100]!r}"
+        return _in_range(float(reward), f"{REWARD_JSON}'s reward")
+    if not all(_finite_number(v) for v in values.values()):
+        return 0.0, f"{REWARD_JSON} has no reward key and holds values that are not finite numbers: {data[:100]!r}"
     for name, value in values.items():
         if not 0.0 <= value <= 1.0:
             return 0.0, f"{REWARD_JSON} value {name!r} is {value}, outside [0, 1]: counted as 0"
-    if "reward" in values:
-        return float(values["reward"]), None
-    return sum(numbers) / len(numbers), None
+    return sum(values.values()) / len(values), None
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number")
+def _finite_number(value: object) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _in_range(reward: float, where: str) -> tuple[float, str | None]:

@@ -71,9 +71,12 @@ def render(trial: Trial) -> str:
         elif step.get("step_id") == 1:
             parts.append("<details><summary>The first observation: the instructions, the task and the screen"
                          f"</summary><pre>{_e(_text(step.get('message')))}</pre></details>")  # fmt: skip
+        elif _is_summarization(step):
+            parts.append(_summarization(step))
         else:
             parts.append(f"<section class=\"turn\"><h2>{_e(step.get('source', ''))} message</h2>"
                          f"<pre>{_e(_text(step.get('message')))}</pre></section>")  # fmt: skip
+    parts.append(_verifier(trial.verifier, _reward(result)))
     parts.append(f"<footer><p>{_e(_ending(trajectory, result))}</p></footer>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -174,6 +177,36 @@ def _turn(step: Mapping[str, Any], start: float | None, *, last: bool) -> str:
         parts.append(f'<h3>{heading}</h3><pre class="terminal">{screen}</pre>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _is_summarization(step: Mapping[str, Any]) -> bool:
+    return ((step.get("extra") or {}).get("context_management") or {}).get("type") == "compaction"
+
+
+def _summarization(step: Mapping[str, Any]) -> str:
+    """A context summarization: why, how it went, and the requests' own trajectories (files beside this one)."""
+    extra = step.get("extra") or {}
+    free = extra.get("free_tokens")
+    why = f"{extra.get('trigger', '-')}" + (f", {free} tokens free" if free is not None else "")
+    refs = [ref for result in (step.get("observation") or {}).get("results") or []
+            for ref in result.get("subagent_trajectory_ref") or []]  # fmt: skip
+    items = "".join(f"<li>{_e(ref.get('trajectory_path', '-'))}</li>" for ref in refs)
+    return (f'<section class="turn summarization"><h2>Context summarized</h2><p>{_e(_text(step.get("message")))} '
+            f"({_e(why)}; {_e(extra.get('outcome', '-'))})</p>"
+            + (f"<h3>The requests' trajectories</h3><ul>{items}</ul>" if items else "") + "</section>")  # fmt: skip
+
+
+def _verifier(files: Mapping[str, str], reward: float | None) -> str:
+    """The verifier's output, open when the trial earned less than 1: what a person reads first when it fails."""
+    output = files.get("test-stdout.txt")
+    if output is None:
+        return ""
+    others = [name for name in ("reward.txt", "reward.json") if name in files]
+    rows = "".join(f"<li>{_e(name)}: <code>{_e(files[name].strip()[:200])}</code></li>" for name in others)
+    state = "" if reward is not None and reward >= 1 else " open"
+    return ('<section class="turn verifier"><h2>The verifier</h2>' + (f"<ul>{rows}</ul>" if rows else "")
+            + f'<details{state}><summary>Its output (test-stdout.txt)</summary><pre class="terminal">'
+            f"{_e(output)}</pre></details></section>")  # fmt: skip
 
 
 def _number(value: Any) -> str:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from terminus_env.errors import TerminusError
 from terminus_env.rollout.atif import agent_spec, atif_trajectory
-from terminus_env.rollout.harbor_job import CONFIG, RESULT, TRAJECTORY
+from terminus_env.rollout.harbor_job import CONFIG, RESULT, TRAJECTORY, VERIFIER, VERIFIER_FILES
 from terminus_env.rollout.harbor_records import JobInfo, rollout_result, trial_name
 from terminus_env.rollout.run_log import RunFileError, read_run
 
@@ -34,6 +34,8 @@ class Trial:
     """The ATIF document; None when the trial never reached its first observation."""
     result: dict[str, Any] | None
     """Harbor's ``result.json`` of the trial."""
+    verifier: dict[str, str] = field(default_factory=dict)
+    """The verifier's files by their names in the trial's ``verifier/`` folder (its output: ``test-stdout.txt``)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def _from_run_file(run: Path, wanted: str | None) -> Found:
         agent=agent,
         task_paths={record.task: Path(contents.config.folder) / record.task},
     )
-    trial = Trial(name, atif_trajectory(record, agent), rollout_result(job, record, checksum=""))
+    verifier = {k: v for k, v in ((record.trajectory or {}).get("verifier") or {}).items() if k in VERIFIER_FILES}
+    trial = Trial(name, atif_trajectory(record, agent), rollout_result(job, record, checksum=""), verifier)
     return Found(trial, tuple(sorted(records)))
 
 
@@ -100,7 +103,13 @@ def _trial_config(path: Path) -> bool:
 
 
 def _read_trial_folder(path: Path) -> Trial:
-    return Trial(path.name, _read_json(path / TRAJECTORY), _read_json(path / RESULT))
+    verifier = {}
+    for name in VERIFIER_FILES:
+        try:
+            verifier[name] = (path / VERIFIER / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+    return Trial(path.name, _read_json(path / TRAJECTORY), _read_json(path / RESULT), verifier)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

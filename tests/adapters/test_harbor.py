@@ -105,8 +105,11 @@ def test_harbors_viewer_serves_the_jobs_trials_and_trajectories(jobs: Path) -> N
         assert trials[f"{BROKEN}__0"]["error_type"] == "TaskError"
         steps = get(client, f"/api/jobs/flaky/trials/{TASK}__0/trajectory")["steps"]
         assert steps[1]["extra"]["format_error"]  # the flaky oracle's careless opening, as Harbor serves it
-        assert steps[2]["tool_calls"][0]["arguments"]["keystrokes"].endswith("bash /solution/solve.sh\n")
+        assert steps[2]["tool_calls"][0]["arguments"]["keystrokes"].endswith("bash $S/solve.sh\n")
         assert get(client, f"/api/jobs/sim/trials/{TASK}__1")["verifier_result"] == {"rewards": {"reward": 1.0}}
+        output = get(client, f"/api/jobs/flaky/trials/{TASK}__1/verifier-output")  # what failed, as Harbor shows it
+        assert "test session starts" in output["stdout"] and "hello.txt is missing" in output["stdout"]
+        assert "ended: task_complete" in client.get(f"/api/jobs/flaky/trials/{TASK}__1/files/trial.log").text
 
 
 def test_view_renders_a_trajectory_shaped_as_harbors_terminus_2_writes_it(tmp_path: Path) -> None:

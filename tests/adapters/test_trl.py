@@ -178,3 +178,85 @@ def test_ids_outside_the_trainers_vocabulary_are_refused_with_the_cause(task, to
                 rollouts([task.instruction], Trainer())
     finally:
         shared_loop().run(server.aclose())
+
+
+def test_lenient_a_turn_cut_at_max_tokens_is_told_the_limit_it_was_cut_at(task, tokenizer):
+    """One limit for the engine and the env: a reply cut at max_tokens=48 is fed back as over 48 tokens, not over the
+    env's default of 16,384; a different max_turn_tokens beside max_tokens is refused."""
+
+    def rambles(messages):
+        return "<response><analysis>" + " and so on" * 300
+
+    class Trainer:
+        class state:
+            global_step = 0
+
+        processing_class = tokenizer
+
+    with pytest.raises(ValueError, match="max_turn_tokens=100 differs from max_tokens=48"):
+        make_rollout_func([task], base_urls=["http://127.0.0.1:9"], model="sim", max_tokens=48,
+                          env_kwargs={"max_turn_tokens": 100})  # fmt: skip
+    server = oracle_server([task], tokenizer, rambles)
+    shared_loop().run(server.start())
+    try:
+        with make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=48,
+                               env_kwargs={"mode": "eval", "max_turns": 2}) as rollouts:  # fmt: skip
+            rollouts([task.instruction], Trainer())
+    finally:
+        shared_loop().run(server.aclose())
+    (trajectory,) = rollouts.last_trajectories
+    assert trajectory.turns[0].finish_reason == "length" and len(trajectory.turns[0].token_ids) == 48
+    feedback = [m["content"] for m in trajectory.messages if m["role"] == "user"][1]
+    assert "went over the limit of 48 tokens" in feedback
+
+
+def test_trl_uses_the_engines_logprobs_in_its_off_policy_mask_when_given_a_threshold(task, tokenizer, server, tmp_path):
+    """With our replicas TRL runs with use_vllm=False, where the rollout's logprobs reach the loss only through the
+    off-policy sequence mask: with off_policy_mask_threshold set, TRL computes it from the engine's logprobs of the
+    model's own tokens (the env's tokens between turns masked out); without it, it never looks at them."""
+    seen: list[tuple] = []
+
+    class Recording(GRPOTrainer):
+        @staticmethod
+        def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+            seen.append((sampling_per_token_logps.detach().clone(), mask.detach().clone()))
+            return GRPOTrainer.get_off_policy_mask(
+                advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+            )
+
+    def train(threshold):
+        rollouts = make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048)
+        batches: list[dict] = []
+
+        def rollout_func(prompts, trainer):
+            batches.append(rollouts(prompts, trainer))
+            return batches[-1]
+
+        args = GRPOConfig(output_dir=str(tmp_path / f"out-{threshold}"), per_device_train_batch_size=2,
+                          num_generations=2, max_steps=1, learning_rate=1e-2, use_cpu=True, report_to=[],
+                          save_strategy="no", bf16=False, beta=0.0, max_completion_length=4096,
+                          off_policy_mask_threshold=threshold)  # fmt: skip
+        dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": task.name}]] * 2})
+        trainer = Recording(model=tiny_model(tokenizer), reward_funcs=[env_reward], args=args, train_dataset=dataset,
+                            processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
+        try:
+            trainer.train()
+        finally:
+            rollouts.close()
+        return batches[0]
+
+    train(None)
+    assert seen == []  # no threshold: the engine's logprobs are never read
+    batch = train(0.5)
+    assert len(seen) == 1
+    sampling, mask = seen[0]
+
+    def trained(logprobs, row_mask) -> tuple:
+        """Where a row trains and the logprobs there."""
+        at = [i for i, m in enumerate(row_mask) if int(m)]
+        return tuple(at), tuple(round(float(logprobs[i]), 4) for i in at)
+
+    ours = sorted(trained(lps, m) for lps, m in zip(batch["logprobs"], batch["env_mask"]))
+    theirs = sorted(trained(row, row_mask) for row, row_mask in zip(sampling, mask))
+    assert theirs == ours  # TRL's mask is our env_mask, its sampling logprobs the engine's
+    assert all(at and any(lp != 0.0 for lp in lps) for at, lps in ours)

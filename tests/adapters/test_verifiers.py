@@ -99,3 +99,32 @@ def test_a_turn_cut_at_max_tokens_ends_turn_truncated_in_train_mode(task):
     assert trace.metrics["terminus/truncated_turns"] == 1.0 and trace.metrics["terminus/graded"] == 0.0
     assert trace.rewards["terminus"].score == 0.0
     assert trace.calls[-1].finish_reason == "length" and trace.metrics["terminus/turns"] == 2.0
+
+
+def test_the_documented_vf_eval_command_runs_strict_episodes(tmp_path):
+    """docs/integrations.md's vf-eval command line (fewer turns, one task, the simulated replica as the server): it
+    runs our env in strict mode and the traces carry the reward and the env's metrics."""
+    import json
+    import subprocess
+
+    from serving_support import SimProcesses
+
+    sims = SimProcesses(tmp_path)
+    try:
+        _, url = sims.start("--model", "sim", "--time-scale", "0")
+        cmd = ["vf-eval", PLUGIN_ID, "--model", "sim", "--client.base-url", f"{url}/v1", "--client.api-key-var",
+               KEY_VAR, "--env.mode", "train", "--env.max-turns", "2", "--env.max-turn-tokens", "4096",
+               "--sampling.max-tokens", "4096", "--env.taskset.names", "hello-world", "-r", "2", "--no-push",
+               "-o", str(tmp_path / "outputs")]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=os.environ.copy())
+    finally:
+        sims.close()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (traces_file,) = (tmp_path / "outputs").glob("*/traces.jsonl")
+    episodes = [json.loads(line) for line in traces_file.read_text().splitlines()]
+    assert len(episodes) == 2 and all(e["ok"] for e in episodes)
+    for episode in episodes:
+        (trace,) = episode["traces"]
+        # The simulated replies are well-formed and never complete: two turns, then the turn cap, graded.
+        assert trace["rewards"]["terminus"]["score"] == 0.0
+        assert trace["metrics"]["terminus/turns"] == 2.0 and trace["metrics"]["terminus/graded"] == 1.0

@@ -44,13 +44,23 @@ LOG_TAIL_CHARS = 3000
 
 
 @pytest.fixture(scope="session")
-def fleet(model_dir, tmp_path_factory):
+def replica_logs(tmp_path_factory):
+    """A folder for a fleet's logs, whose ends any failed test shows."""
+
+    def folder(name: str):
+        log_dir = tmp_path_factory.mktemp(name)
+        _LOG_DIRS.append(log_dir)
+        return log_dir
+
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fleet(model_dir, replica_logs):
     """Two replicas on the CPU, one core each, started once for the session."""
     from vllm_support import launch  # after the check above: it imports torch
 
-    log_dir = tmp_path_factory.mktemp("fleet-logs")
-    _LOG_DIRS.append(log_dir)
-    fleet = launch(model_dir, log_dir, dp=2, engine_args=("--max-model-len", "8192"))
+    fleet = launch(model_dir, replica_logs("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
     print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
     yield fleet
     fleet.stop()

@@ -6,21 +6,10 @@ import asyncio
 
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_support import MODEL_NAME, expected_logprobs, probe
+from vllm_support import MODEL_NAME, expected_logprobs, perturbed, probe
 
 from terminus_env.serving import ReplicaClient, ServingPool
 from terminus_env.serving.weight_sync import CheckpointReload
-
-
-def perturbed(model_dir, out_dir):
-    """What a trainer's step leaves on disk: every weight moved, saved with ``save_pretrained``."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
-    model.save_pretrained(out_dir)
-    return model
 
 
 def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):

@@ -26,6 +26,19 @@ def expected_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> tor
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
 
 
+def perturbed(model_dir: Path, out_dir: Path, seed: int = 7):
+    """What a trainer's step leaves on disk: every weight moved, saved with ``save_pretrained``; the model."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    model.save_pretrained(out_dir)
+    return model
+
+
 async def probe(url: str):
     """The fixed prompt on one replica, with that replica's prefix-cache hits for it."""
     async with ReplicaClient(url) as client:

@@ -21,7 +21,16 @@ from .kernel import PR_SET_DUMPABLE, PR_SET_NAME, _libc, prctl
 from .names import CHANNEL_DIR, CHANNEL_SOCKET, DIRECT, SPLIT_REPORT
 from .ops import OPS
 from .private_folders import VERIFIER_FOLDERS, AgentFault, PrivateFolder
-from .processes import AGENT_STAGES, CappedBuffer, Spawner, SpawnError, _pids, _signal, _stopped, _zombie, stream_pair
+from .processes import (
+    AGENT_STAGES,
+    CappedBuffer,
+    Spawner,
+    SpawnError,
+    _pids,
+    _zombie,
+    freeze_then_kill,
+    stream_pair,
+)
 from .seccomp import seccomp_program
 from .tmux import Tmux
 from .watch import _mount_points
@@ -116,11 +125,7 @@ class Daemon:
                      and not _zombie(pid)]  # fmt: skip
             if not alive:
                 return
-            for pid in alive:
-                _signal(pid, signal.SIGSTOP)
-            if all(_stopped(pid) for pid in alive):
-                for pid in alive:
-                    _signal(pid, signal.SIGKILL)
+            freeze_then_kill(alive)
             time.sleep(0.005)
 
     def _in_verifier_namespace(self, pid):

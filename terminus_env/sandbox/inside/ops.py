@@ -8,7 +8,6 @@ import stat
 from .private_folders import _b64, _read_fd
 from .terminal import op_capture, op_commands, op_send, op_step, op_tmux
 from .verify import op_verify
-from .watch import agents_links
 
 
 def op_exec(daemon, req):
@@ -18,7 +17,7 @@ def op_exec(daemon, req):
 
 def op_lookup(daemon, req):
     """For each glob pattern, the paths that match now (and where their links lead), and whether each changed in
-    this container (ctime); and of the paths ``links``, those that are links the agent made, with where they lead."""
+    this container (ctime)."""
     found = {}
     for pattern in req["patterns"]:
         matches = []
@@ -29,7 +28,7 @@ def op_lookup(daemon, req):
             except OSError:
                 continue
         found[pattern] = matches
-    return {"found": found, "links": agents_links(daemon.since, req.get("links", ()))}
+    return {"found": found}
 
 
 def op_read(daemon, req):

@@ -62,12 +62,18 @@ def kill_tree(root, rounds=500):
         alive = [pid for pid in members if not _zombie(pid)]
         if not alive:
             return
-        for pid in alive:
-            _signal(pid, signal.SIGSTOP)
-        if all(_stopped(pid) for pid in alive):
-            for pid in alive:
-                _signal(pid, signal.SIGKILL)
+        freeze_then_kill(alive)
         time.sleep(0.005)
+
+
+def freeze_then_kill(pids):
+    """Stop every one of ``pids``; once all are stopped, kill them. Called in rounds: a process that forks meanwhile
+    is caught by the next round, and none of them can run to start another."""
+    for pid in pids:
+        _signal(pid, signal.SIGSTOP)
+    if all(_stopped(pid) for pid in pids):
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
 
 
 def _session(pid):

@@ -5,11 +5,12 @@ hit meanwhile."""
 import base64
 import fcntl
 import os
+import stat
 import struct
 import time
 
 from .private_folders import NotRegular, _b64, _empty_dir
-from .watch import OpenWatch
+from .watch import OpenWatch, agents_links
 
 # The container's own counters of forks refused at the pids limit and of OOM kills (cgroup v1, then v2).
 LIMIT_COUNTERS = {
@@ -63,6 +64,8 @@ def _verify(daemon, req):
     tests = base64.b64decode(req["tests"])
     if tests:
         daemon.private["/tests"].unpack(tests)
+    cleared = clear_bytecode(req.get("bytecode", ()), daemon.since)
+    links = agents_links(daemon.since, req.get("links", ()))
     caches = FreshCaches()
     env = dict(caches.environment, **(req.get("env") or {}))
     frozen = FrozenRoot()
@@ -75,6 +78,7 @@ def _verify(daemon, req):
             )  # fmt: skip
             daemon.stop_verifier_leftovers(tick=watch.drain)
             watched = watch.finish(daemon, req.get("workdir") or "/")
+            watched["links"], watched["watch"]["bytecode_cleared"] = links, cleared
             watch.check_rewards(daemon.private["/logs/verifier"].fd)
             watched["watch"]["runner_signal"] = result.pop("signal")
         finally:
@@ -100,6 +104,28 @@ def _verify(daemon, req):
 
 
 CACHE_PARENT = "/tmp"
+
+
+def clear_bytecode(paths, since):
+    """Remove, of ``paths`` (what Docker's diff lists under __pycache__), the bytecode the agent's side wrote for a
+    source unchanged in this container: any Python the agent runs writes it beside the modules it imports (official
+    python images ship none), and the verifier's Python would load it as the module. The verifier's Python compiles
+    those sources again, from the image's own files. Returns how many were removed."""
+    removed = 0
+    for path in paths:
+        folder, name = os.path.split(path)
+        if os.path.basename(folder) != "__pycache__" or not name.endswith(".pyc"):
+            continue
+        source = os.path.join(os.path.dirname(folder), name.split(".")[0] + ".py")
+        try:
+            cached, original = os.lstat(path), os.lstat(source)
+            if not stat.S_ISREG(cached.st_mode) or cached.st_ctime < since or original.st_ctime >= since:
+                continue
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 class FreshCaches:

@@ -72,7 +72,7 @@ class OpenWatch:
         self.exec_events = True
         self.order = 0  # events recorded so far: a file's first open is told apart from the first test file's
         self.test_files = []  # (order, key, path, in /tests) of the test files opened
-        self.ran_agents_code = {}  # (pid, start time) -> the agent's file it ran
+        self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
         self.reward_refused = []
         try:
@@ -188,15 +188,16 @@ class OpenWatch:
             # (renamed away, its name no longer says what it was: its content does)
             wide = record["path"].endswith(_READ_HEADS) or info.st_ctime >= self.window
             record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
-        if _is_code(record) and self._agents(key, info) and not any(h in record["path"] for h in _INSTALLER_HOOKS):
+        changed = info.st_ctime >= self.daemon.since or key in self.written["agent"]
+        if _is_code(record) and changed and not any(hook in record["path"] for hook in _INSTALLER_HOOKS):
             start = _start_time(pid)
             if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
-                self.ran_agents_code.setdefault((pid, start), record["path"])
+                self.ran_agents_code.setdefault((pid, start), []).append(key)
 
-    def _agents(self, key, info):
-        """Whether the file is the agent's: changed in this container and not only by the verifier."""
-        agent, verifier = self.written["agent"], self.written["verifier"]
-        return key in agent or (info.st_ctime >= self.daemon.since and key not in verifier)
+    def _agents(self, key):
+        """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
+        told apart once it closes it), unless the agent's side wrote it too."""
+        return key in self.written["agent"] or key not in self.written["verifier"]
 
     def _answer(self, group, fd, pid):
         """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted."""
@@ -224,10 +225,11 @@ class OpenWatch:
             start = _start_time(current)
             if start is None:
                 return "could not be traced to the test script"
-            ran = self.ran_agents_code.get((current, start))
+            ran = next((key for key in self.ran_agents_code.get((current, start), ()) if self._agents(key)), None)
             if ran is not None:
-                return "ran {}, which the agent provided".format(ran) if current == pid else (
-                    "descends from pid {}, which ran {}, which the agent provided".format(current, ran))
+                path = self.opened[ran]["path"] if ran in self.opened else "a file"
+                return "ran {}, which the agent provided".format(path) if current == pid else (
+                    "descends from pid {}, which ran {}, which the agent provided".format(current, path))
             try:
                 parent = int(_stat_fields(current)[1])
             except (OSError, ValueError, IndexError):
@@ -309,8 +311,11 @@ def _path(fd, info):
 
 
 def _is_test_file(path, in_tests=False):
-    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere."""
-    name = os.path.basename(path)
+    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere, or the
+    bytecode of one (pytest loads its rewritten test modules from ``__pycache__`` without opening the source)."""
+    folder, name = os.path.split(path)
+    if os.path.basename(folder) == "__pycache__" and name.endswith(".pyc"):
+        name = name.split(".")[0] + ".py"
     if not name.endswith(".py"):
         return False
     return in_tests or name.startswith("test_") or name.endswith("_test.py")

@@ -22,8 +22,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from terminus_env.serving.client import message_text
+from terminus_env.serving.client import FRESH_WEIGHT_VERSION, message_text
 from terminus_env.serving.sim.engine import SimConfig, SimFinished, SimReplica, SimRequest, UnknownRequest
 from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
 from terminus_env.serving.sim.http import Request, Response, serve_connection
@@ -43,6 +44,7 @@ class ServerConfig:
     engine: SimConfig = field(default_factory=SimConfig)
     time_scale: float = 1.0  # real seconds per simulated second; 0 runs as fast as the loop can
     weight_sync: bool = False  # serve vLLM's weight-update endpoints, as `vllm serve` does with VLLM_SERVER_DEV_MODE=1
+    root: str | None = None  # what /v1/models says the model was started from (vLLM's --model); default: the name
     # A request whose last message holds this text kills its engine, as a request that crashes vLLM's engine core
     # does: every request the engine holds then fails with HTTP 500, and /health answers 503 from then on.
     crash_on: str | None = None
@@ -164,7 +166,8 @@ class SimServer:
         self._serving = asyncio.Event()  # cleared while paused for a weight update
         self._serving.set()
         self.weights_path: str | None = None  # the last reload_weights' path
-        self.weight_version: str | None = None
+        self.pauses = 0  # /pause calls so far
+        self.weight_version = FRESH_WEIGHT_VERSION
         self.host = ""
         self.port = 0
 
@@ -223,6 +226,7 @@ class SimServer:
             routes |= {
                 ("POST", "/pause"): self._pause,
                 ("POST", "/resume"): self._resume,
+                ("GET", "/is_paused"): self._is_paused,
                 ("POST", "/collective_rpc"): self._collective_rpc,
                 ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
                 ("POST", "/update_weight_version"): self._update_weight_version,
@@ -241,6 +245,7 @@ class SimServer:
 
     async def _pause(self, request: Request) -> Response:
         """``mode=wait`` (the only one modelled): new requests wait for ``/resume``; running ones finish first."""
+        self.pauses += 1
         self._serving.clear()
         while any(driver.busy() for driver in self._drivers):
             await asyncio.sleep(0.005)
@@ -250,12 +255,20 @@ class SimServer:
         self._serving.set()
         return Response.json(200, {"status": "resumed"})
 
+    async def _is_paused(self, request: Request) -> Response:
+        return Response.json(200, {"is_paused": not self._serving.is_set()})
+
     async def _collective_rpc(self, request: Request) -> Response:
-        """``reload_weights`` records where the weights came from; the simulator has none to load."""
+        """``reload_weights`` records where the weights came from; the simulator has none to load. A path that does
+        not exist fails as in vLLM 0.32 (HTTP 500, the engine unharmed, the weights as they were)."""
         body = request.json()
         if body.get("method") != "reload_weights":
             raise _ApiError(500, f"the simulator's workers have no method {body.get('method')!r}")
-        self.weights_path = (body.get("kwargs") or {}).get("weights_path")
+        path = (body.get("kwargs") or {}).get("weights_path")
+        if path is not None and path.startswith("/") and not Path(path).exists():
+            raise _ApiError(500, f"Call to collective_rpc method failed: Worker failed with error 'no such folder: "
+                                 f"{path}', please check the stack trace above for the root cause")  # fmt: skip
+        self.weights_path = path
         return Response.json(200, {"results": [None] * len(self._drivers)})
 
     async def _reset_prefix_cache(self, request: Request) -> Response:
@@ -283,7 +296,7 @@ class SimServer:
             "object": "model",
             "created": int(time.time()),
             "owned_by": "vllm",
-            "root": self.config.model,
+            "root": self.config.root or self.config.model,
             "parent": None,
             "max_model_len": self.config.engine.max_model_len,
             "permission": [

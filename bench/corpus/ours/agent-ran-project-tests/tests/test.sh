@@ -1,0 +1,5 @@
+#!/bin/bash
+# The project's own tests, then the verifier's, with the pytest baked into the image.
+cd /app
+python3 -m pytest tests /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi

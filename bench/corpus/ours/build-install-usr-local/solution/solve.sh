@@ -1,0 +1,5 @@
+#!/bin/bash
+set -euo pipefail
+cd /app/src
+make
+make install

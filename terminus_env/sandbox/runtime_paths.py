@@ -1,0 +1,153 @@
+"""Where the verifier's runtime lives, and what a name can hide: pure rules over paths, for the watch's judge
+(``tamper.py``). No I/O."""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import re
+import sys
+
+PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+"""Debian's PATH for root, in order: a program found in an earlier folder hides one of a later folder."""
+DISTRIBUTION_PROGRAM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+LOCAL_PROGRAM_DIRS = ("/usr/local/sbin", "/usr/local/bin")
+DISTRIBUTION_LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")
+LIB_SEARCH = ("/lib/*-linux-gnu*", "/usr/lib/*-linux-gnu*", "/lib", "/lib64", "/usr/lib", "/usr/lib64")
+PYTHON_DIRS = (
+    "/usr/lib/python3.*", "/usr/lib/python3.*/lib-dynload", "/usr/lib/python3/dist-packages",
+    "/usr/local/lib/python3.*", "/usr/local/lib/python3.*/lib-dynload", "/usr/local/lib/python3.*/site-packages",
+    "/usr/local/lib/python3.*/dist-packages",
+)  # fmt: skip
+"""Where an image keeps Python's standard library and packages: a module of the same name elsewhere hides these."""
+RUNTIME_PROGRAM = re.compile(
+    r"(python[\d.]*|pip[\d.]*|pytest(-3)?|py\.test|uvx?|bash|sh|dash|env|node|perl[\d.]*|ruby)"
+)
+"""Interpreters, shells and test runners: in /usr/local, only programs of these names are the verifier's runtime."""
+RUNNER_PACKAGES = frozenset(
+    {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "tomli", "exceptiongroup", "pygments"}
+)
+STANDARD_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | {"sitecustomize", "usercustomize"}
+RUNNER_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py"})
+"""pytest looks for these upwards from the folder of the tests it runs, /tests, so at / too."""
+STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+LOADER_PRELOAD = "/etc/ld.so.preload"
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
+PYTHON_ROOT = re.compile(r".*/lib/python3(\.\d+)?(/lib-dynload|/site-packages|/dist-packages)?")
+STANDARD_LIBRARY = re.compile(r".*/lib/python3\.\d+/")
+SITE = re.compile(r".*/(site|dist)-packages/")
+LIBRARY = re.compile(r"(lib[^/]*\.so(\.[\d.]+)?|ld-linux[^/]*\.so[\d.]*)")
+MODULE_FILE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z0-9_-]+)?\.(py|pyc|pyo|so|pyd)")
+PTH_EXECUTES = re.compile(rb"^import[ \t]", re.MULTILINE)
+# What Python's installers write in .pth files: each line is known and imports a module the installer wrote.
+INSTALLER_PTH_LINES = (
+    re.compile(rb"import __editable___[\w.]+_finder; __editable___[\w.]+_finder\.install\([^)]*\)"),
+    re.compile(
+        rb"import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os\.environ\.get\(var, '(local|stdlib)'\) == "
+        rb"'local'; enabled and __import__\('_distutils_hack'\)\.add_shim\(\);"
+    ),
+    re.compile(rb"import _virtualenv"),
+    # setuptools' namespace-package line (``*-nspkg.pth``): it makes empty module objects for the namespace's
+    # folders, and runs nothing else (its only calls are to the standard library's importlib, types and os).
+    re.compile(
+        rb"import sys, types, os;(?:has_mfs = sys\.version_info > \(3, 5\);)?p = os\.path\.join\(sys\._getframe\(1\)"
+        rb"\.f_locals\['sitedir'\], \*\((?:'[\w.]+', ?)+\)\);.*"
+    ),
+)
+INSTALLER_HOOK_MODULE = re.compile(r"__editable___\w+_finder|_virtualenv")
+"""The modules the installers' .pth lines import at every start (and setuptools' ``_distutils_hack`` package): they
+can be written by the agent, a gap ``docs/notes/security.md`` states."""
+ZIP_MAGIC = b"PK\x03\x04"
+"""A zip archive: Python imports modules from one on its path (``/usr/lib/python311.zip`` comes before the standard
+library), and a ``.pth`` line can put one there."""
+
+
+
+def is_runtime(path: str) -> bool:
+    """A file the verifier's runtime is made of, rather than the task's own files (see the module's docstring)."""
+    folder, name = posixpath.split(path)
+    site = SITE.match(path)
+    if site:
+        top = path[site.end() :].split("/")[0]
+        return module_name(top) in RUNNER_PACKAGES or top.startswith("pytest_")
+    if STANDARD_LIBRARY.match(path):
+        return True
+    if folder in DISTRIBUTION_PROGRAM_DIRS:
+        return True
+    if folder in LOCAL_PROGRAM_DIRS:
+        return bool(RUNTIME_PROGRAM.fullmatch(name))
+    if any(path.startswith(root + "/") for root in DISTRIBUTION_LIB_DIRS):
+        return True
+    return folder == "/usr/local/lib" and name.startswith("libpython")
+
+
+def installer_hook_module(path: str) -> bool:
+    module = module_name(posixpath.basename(path)) or ""
+    return bool(INSTALLER_HOOK_MODULE.fullmatch(module)) or "/_distutils_hack/" in path
+
+
+def pth_runs_code(head: bytes) -> bool:
+    """A .pth line starting with ``import`` is run at start-up, unless it is a line Python's installers write."""
+    for line in head.splitlines():
+        if PTH_EXECUTES.match(line) and not any(known.fullmatch(line.strip()) for known in INSTALLER_PTH_LINES):
+            return True
+    return False
+
+
+def program_patterns(path: str) -> list[str]:
+    """The same program name in the PATH folders searched after this one."""
+    folder, name = posixpath.split(path)
+    later = PATH_DIRS[PATH_DIRS.index(folder) + 1 :] if folder in PATH_DIRS else ()
+    return [f"{other}/{glob_escape(name)}" for other in later]
+
+
+def library_patterns(path: str) -> list[str]:
+    name = glob_escape(posixpath.basename(path))
+    return [f"{folder}/{name}" for folder in LIB_SEARCH if not fnmatch.fnmatch(posixpath.dirname(path), folder)]
+
+
+def module_patterns(path: str, workdir: str | None) -> list[str]:
+    """The standard or runner module this file provides, wherever else the image keeps one."""
+    root = python_root(path, workdir)
+    if root is None:
+        return []
+    top = path[len(root) :].lstrip("/").split("/")[0]
+    module = module_name(top)
+    if module is None or not (module in STANDARD_MODULES or module in RUNNER_PACKAGES):
+        return []
+    forms = (f"{module}.py", f"{module}/__init__.py", f"{module}.*.so", f"{module}.so", f"{module}.pyc")
+    return [f"{folder}/{form}" for folder in PYTHON_DIRS if not fnmatch.fnmatch(root, folder) for form in forms]
+
+
+def import_root(path: str, workdir: str | None) -> str | None:
+    """The folder on Python's search path (a site or standard folder, a venv's, the working folder) below which
+    ``path`` lies, at any depth."""
+    prefix = PYTHON_ROOT.match(path)
+    if prefix:
+        return prefix.group(0)
+    root = workdir or "/"
+    return root if path.startswith(root.rstrip("/") + "/") else None
+
+
+def python_root(path: str, workdir: str | None) -> str | None:
+    """The folder on Python's search path this file would be imported from, if it is one we can tell."""
+    folder = posixpath.dirname(path)
+    match = PYTHON_ROOT.match(folder)
+    if match:
+        return match.group(0)
+    for root in (workdir, "/"):
+        if root and (folder == root or folder.startswith(root.rstrip("/") + "/")):
+            return root
+    return None
+
+
+def module_name(entry: str) -> str | None:
+    """The module a folder entry provides: ``x.py``, ``x.cpython-311-x86_64-linux-gnu.so`` or package ``x``."""
+    match = MODULE_FILE.fullmatch(entry)
+    if match:
+        return match.group("name")
+    return entry if entry.isidentifier() else None
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
