@@ -153,7 +153,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self.strictness = Strictness.from_env(
             mode, strict_format=strict_format, strict_truncation=strict_truncation, environ=environ
         )
-        self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion)
+        self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion,
+                                 summarizes=self.summarizes)
         self.tamper = TamperPolicy(tamper) if tamper is not None else TamperPolicy.for_mode(mode)
         self.observation_space = text_space()
         self.action_space = text_space()

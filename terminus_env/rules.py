@@ -212,6 +212,9 @@ class TurnLimits:
     max_context_tokens: int | None = None
     max_turns: int | None = None
     confirm_completion: bool = True
+    # The agent loop may summarize the conversation (lenient evaluation): a reply that filled the context is then a
+    # truncated turn, as Terminus 2 treats it, and the next turn starts from a summary; otherwise it ends the episode.
+    summarizes: bool = False
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def _within_turns(verdict: Verdict, limits: TurnLimits) -> Verdict:
 
 
 def _context_exceeded(reply: Reply, limits: TurnLimits) -> bool:
-    if reply.finish_reason == "context_length" or _filled_context(reply):
+    if reply.finish_reason == "context_length" or (_filled_context(reply) and not limits.summarizes):
         return True
     limit = limits.max_context_tokens
     return limit is not None and reply.prompt_tokens is not None and reply.prompt_tokens > limit

@@ -23,6 +23,7 @@ from terminus_env.rules import (
 
 STRICT = TurnLimits(Strictness(True, True))
 LENIENT = TurnLimits(Strictness(False, False))
+SUMMARIZING = TurnLimits(Strictness(False, False), summarizes=True)  # lenient evaluation's agent loop
 GOOD = '<response><analysis>a</analysis><plan>p</plan><commands><keystrokes duration="1">ls\n</keystrokes></commands>'
 DONE = GOOD + "<task_complete>true</task_complete></response>"
 GOOD += "</response>"
@@ -85,6 +86,8 @@ def test_a_tampered_grade_ends_by_its_most_certain_finding() -> None:
          EndReason.CONTEXT_LIMIT, False),
         (LENIENT, Reply("no xml", "length", completion_tokens=96, prompt_tokens=4000, max_model_len=4096),
          EndReason.CONTEXT_LIMIT, False),
+        # Refused for its length: the end in every mode (the agent loop summarizes before asking again).
+        (SUMMARIZING, Reply(GOOD, finish_reason="context_length"), EndReason.CONTEXT_LIMIT, False),
         # Cut at the per-turn limit with room left in the context: a truncated turn.
         (STRICT, Reply(GOOD, "length", completion_tokens=48, prompt_tokens=4000, max_model_len=4096),
          EndReason.TURN_TRUNCATED, False),
@@ -116,6 +119,17 @@ def test_lenient_a_turn_cut_at_its_limit_with_room_in_the_context_is_fed_back_as
     verdict = judge_reply(Reply("<response><commands>", "length", completion_tokens=48, prompt_tokens=100,
                                 max_model_len=4096), Counters(), LENIENT, out_of_time=False)  # fmt: skip
     assert verdict.end is None and verdict.counters.truncated_turns == 1 and "16384" in (verdict.feedback or "")
+
+
+def test_where_the_conversation_is_summarized_a_reply_that_filled_the_context_is_a_truncated_turn() -> None:
+    """As in Terminus 2: the cut reply is salvaged or fed back, and the agent loop summarizes before the next turn."""
+    filled = Reply("<response><commands>", "length", completion_tokens=96, prompt_tokens=4000, max_model_len=4096)
+    assert judge_reply(filled, Counters(), LENIENT, out_of_time=False).end is EndReason.CONTEXT_LIMIT
+    verdict = judge_reply(filled, Counters(), SUMMARIZING, out_of_time=False)
+    assert verdict.end is None and verdict.counters.truncated_turns == 1 and verdict.feedback is not None
+    salvaged = judge_reply(Reply(GOOD + "<response>and more", "length", completion_tokens=96, prompt_tokens=4000,
+                                 max_model_len=4096), Counters(), SUMMARIZING, out_of_time=False)  # fmt: skip
+    assert salvaged.run is not None and salvaged.counters.truncated_turns == 1
 
 
 def test_lenient_salvages_a_truncated_turn_up_to_its_response_end() -> None:

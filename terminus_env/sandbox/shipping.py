@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import marshal
 import sys
+import threading
 import zlib
 from collections.abc import Iterator
 from importlib import resources
@@ -55,9 +56,19 @@ def inside_source() -> str:
     return joined_source(resources.files("terminus_env.sandbox").joinpath("inside"))
 
 
-@functools.cache
+# Sandboxes start from worker threads: Python 3.11's parser may fail ("AST constructor recursion depth mismatch")
+# when two threads parse or compile at once, so the variables are made under a lock, once.
+_MAKING = threading.Lock()
+
+
 def main_environment() -> dict[str, str]:
-    """The variables MAIN_COMMAND reads inside_source() from (made once per process)."""
+    """The variables MAIN_COMMAND reads inside_source() from (made once per process, whichever thread asks first)."""
+    with _MAKING:
+        return _main_environment()
+
+
+@functools.cache
+def _main_environment() -> dict[str, str]:
     return code_variables(inside_source())
 
 
