@@ -143,6 +143,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         sandbox_pool: SandboxPool | None = None,
         environ: Mapping[str, str] | None = None,
         tamper: TamperPolicy | str | None = None,
+        summarized: bool = False,
     ) -> None:
         if max_turn_tokens <= 0:
             raise ValueError(f"max_turn_tokens must be positive, got {max_turn_tokens}")
@@ -153,8 +154,10 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         self.strictness = Strictness.from_env(
             mode, strict_format=strict_format, strict_truncation=strict_truncation, environ=environ
         )
+        # ``summarized``: the agent loop summarizes the conversation when it nears the context (where it may: lenient
+        # evaluation), so a reply that filled the context is a truncated turn, not the episode's end.
         self.limits = TurnLimits(self.strictness, max_turn_tokens, max_context_tokens, max_turns, confirm_completion,
-                                 summarizes=self.summarizes)
+                                 summarizes=summarized and self.summarizes)
         self.tamper = TamperPolicy(tamper) if tamper is not None else TamperPolicy.for_mode(mode)
         self.observation_space = text_space()
         self.action_space = text_space()

@@ -165,3 +165,6 @@ def test_the_env_refuses_to_summarize_outside_lenient_evaluation(task) -> None:
     assert TerminusEnv(task, mode="eval").summarizes
     with pytest.raises(RuntimeError, match="no episode runs"):
         TerminusEnv(task, mode="eval").compact([{"role": "user", "content": "carry on"}])
+    # Only a loop that summarizes, where it may, turns a reply that filled the context into a truncated turn.
+    assert [TerminusEnv(task, mode=mode, summarized=said).limits.summarizes
+            for mode in ("train", "eval") for said in (False, True)] == [False, False, False, True]

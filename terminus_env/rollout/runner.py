@@ -66,7 +66,8 @@ class RolloutRunner:
         started = time.monotonic()
         trajectory.started_at = time.time()
         async with self._policy.session(rollout), self._sandboxes:
-            env = TerminusEnv(rollout.task, sandbox_pool=self._sandbox_pool, **self._env_kwargs)
+            env = TerminusEnv(rollout.task, sandbox_pool=self._sandbox_pool,
+                              **{"summarized": self._summarize is not None, **self._env_kwargs})
             try:
                 await self._play(env, rollout, trajectory, started)
             except (SandboxError, TaskError, ServingError) as exc:
