@@ -443,3 +443,40 @@ def test_a_pool_for_a_model_the_replica_does_not_serve_says_which_it_serves():
             await pool.aclose()
 
     run(main())
+
+
+def test_a_dropped_health_probe_is_asked_again_before_an_engine_is_called_dead():
+    """After a request fails, the pool asks the replica's /health before calling its engine dead. A probe that lands
+    on a stale keep-alive connection, or on one reset under load, must be asked again: one such drop after another
+    once ended a whole benchmark run with a false EngineDied. A refused connection or a non-200 answer is final."""
+    calls = {"flaky": 0, "sick": 0}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls["flaky"] += 1
+        if calls["flaky"] <= 2:
+            raise httpx.ReadError("connection reset by peer")
+        return httpx.Response(200)
+
+    def sick(request: httpx.Request) -> httpx.Response:
+        calls["sick"] += 1
+        return httpx.Response(500, text="EngineCore encountered an issue")
+
+    async def main():
+        clients = {
+            "flaky": ReplicaClient("http://x", transport=httpx.MockTransport(flaky)),
+            "sick": ReplicaClient("http://x", transport=httpx.MockTransport(sick)),
+            "dropping": ReplicaClient("http://x", transport=httpx.MockTransport(_raise(httpx.ReadError("reset")))),
+            "refused": ReplicaClient(f"http://127.0.0.1:{_free_port()}"),
+        }
+        out = {}
+        for name, client in clients.items():
+            started = time.monotonic()
+            out[name] = (await client.still_alive(1.5), time.monotonic() - started)
+            await client.aclose()
+        return out
+
+    out = run(main())
+    assert out["flaky"][0] and calls["flaky"] == 3
+    assert not out["sick"][0] and calls["sick"] == 1 and out["sick"][1] < 1.0
+    assert not out["refused"][0] and out["refused"][1] < 1.0
+    assert not out["dropping"][0] and out["dropping"][1] >= 1.4  # it kept asking for the whole window

@@ -5,7 +5,8 @@ tool waits, three training steps with two in flight, traces growing 25% a step),
 replicas, whose prefix caches are emptied and whose engines are idle before each row (``routing_http.run_row`` on
 live replicas). The rows:
 
-- ours: ``ServingPool`` with ``available_kv`` placement, adaptive admission and rebalancing;
+- ours: ``ServingPool`` with ``available_kv`` placement, adaptive admission and rebalancing; and the same with the
+  admission's overcommit probe on (``max_target_scale`` 2 and 4), since recomputation is cheap on a CPU;
 - ``least_requests`` (sticky, verl's placement) through the pool, uncapped and behind the capacity formula's fixed cap;
 - ``vllm-router`` (the real process, from PyPI) ``sticky_least_loaded`` and ``cache_aware`` behind the fixed cap (the
   better cap for both in ``docs/notes/routing.md``), told when each session ends (``POST /finish_session``).
@@ -49,8 +50,13 @@ from terminus_env.serving.sim.engine import SimConfig
 
 OURS = http.Row("ours: available_kv + adaptive + rebalance", "adaptive", pool=http.PoolSpec())
 OURS_KEY = (OURS.label, OURS.cap)
+# The same with overcommit probed (AdaptiveAdmission(max_target_scale=...)): past its KV budget while the engines
+# have less than 80% of their KV pinned, backed off by their preemptions; on a CPU, where recomputation is cheap.
+OVERCOMMIT = tuple(http.Row(f"ours, overcommit probed to {scale:g}x", "adaptive",
+                            pool=http.PoolSpec(max_target_scale=scale)) for scale in (2.0, 4.0))  # fmt: skip
 ROWS = (
     OURS,
+    *OVERCOMMIT,
     http.Row("least_requests (pool, sticky)", "uncapped",
              pool=http.PoolSpec("least_requests", rebalance=False, admission="uncapped")),
     http.Row("least_requests (pool, sticky)", "fixed",
@@ -224,15 +230,18 @@ def _standing(ours: Sequence[float], theirs: Sequence[float]) -> str:
     return "tied"
 
 
-def verdicts(runs: Sequence[RowRun], side: str) -> list[str]:
-    """Ours against each other row, seed by seed: makespan and preemptions."""
+def verdicts(runs: Sequence[RowRun], side: str, mine: http.Row = OURS) -> list[str]:
+    """One of our rows against each other row (an overcommit row: against the others' rows only), seed by seed:
+    makespan and preemptions."""
     by = _by_row(runs)
-    ours = by.get(OURS_KEY)
+    ours = by.get((mine.label, mine.cap))
     if not ours:
         return []
+    name = "ours" if mine is OURS else mine.label
+    skip = {(mine.label, mine.cap)} | ({(r.label, r.cap) for r in (OURS, *OVERCOMMIT)} if mine is not OURS else set())
     out = []
     for key, seeds in by.items():
-        if key == OURS_KEY:
+        if key in skip:
             continue
         common = sorted(set(seeds) & set(ours))
         if not common:
@@ -242,7 +251,7 @@ def verdicts(runs: Sequence[RowRun], side: str) -> list[str]:
         makespan = _standing([r.makespan_s for r in o], [r.makespan_s for r in t])
         preemptions = _standing([r.counters.preemptions for r in o], [r.counters.preemptions for r in t])
         out.append(
-            f"[{side}] ours vs {key[0]} {key[1]}: makespan {makespan}"
+            f"[{side}] {name} vs {key[0]} {key[1]}: makespan {makespan}"
             f" ({statistics.fmean(ratios):.2f}x theirs over ours, per seed {', '.join(f'{x:.2f}' for x in ratios)}); "
             f"preemptions {preemptions} "
             f"({sum(r.counters.preemptions for r in o):.0f} against {sum(r.counters.preemptions for r in t):.0f}, "
@@ -287,5 +296,7 @@ def report(data: dict) -> str:
     lines = [seed_table(runs), table(engine, "vLLM")]
     if sim:
         lines.append(table(sim, "simulator"))
-    lines += verdicts(engine, "vLLM") + verdicts(sim, "simulator") + fidelity(engine, sim)
+    for mine in (OURS, *OVERCOMMIT):
+        lines += verdicts(engine, "vLLM", mine) + verdicts(sim, "simulator", mine)
+    lines += fidelity(engine, sim)
     return "\n".join(lines)

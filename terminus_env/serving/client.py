@@ -9,6 +9,7 @@ one that did and took the engine down with it must not be sent to the next repli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from terminus_env.serving.metrics import EngineMetrics, MetricsParseError, parse
 # An idle connection is dropped before vLLM's server closes it (uvicorn's keep-alive, 5 s by default): reusing one
 # that the server is closing fails the request with a ReadError, which a tool wait of about 5 s makes likely.
 KEEPALIVE_EXPIRY_S = 4.0
+HEALTH_RETRY_S = 0.5  # between /health probes of a replica whose request failed (``still_alive``)
 
 
 class ServingError(TerminusError):
@@ -203,6 +205,23 @@ class ReplicaClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    async def still_alive(self, window_s: float) -> bool:
+        """Whether the server answers ``/health`` with 200 within ``window_s``, asked again after each dropped or reset
+        connection: a stale keep-alive connection, or one reset by a server swamped with connections, says nothing of
+        its engine. A refused connection (nothing listening) or any answer but 200 is taken at once; never raises."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + window_s
+        while (left := deadline - loop.time()) > 0:
+            try:
+                response = await self._http.get("/health", timeout=httpx.Timeout(left))
+            except httpx.ConnectError:
+                return False
+            except httpx.HTTPError:
+                await asyncio.sleep(min(HEALTH_RETRY_S, max(0.0, deadline - loop.time())))
+                continue
+            return response.status_code == 200
+        return False
 
     async def metrics(self) -> dict[str, EngineMetrics]:
         """The server's ``/metrics``, one entry per engine."""

@@ -267,7 +267,7 @@ class ServingPool:
             except ReplicaUnavailable as exc:
                 self.scheduler.failed(replica, session_id, estimate)
                 if exc.delivered:
-                    if not await self._clients[replica].health(HEALTH_PROBE_S):
+                    if not await self._clients[replica].still_alive(HEALTH_PROBE_S):
                         self._mark_down(replica, exc)
                         message = _died_message(replica, session_id, state.turns, messages, sampling, exc)
                         raise EngineDied(message) from exc
