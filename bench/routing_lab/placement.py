@@ -238,7 +238,7 @@ def verdicts(runs: Sequence[RowRun], side: str, mine: http.Row = OURS) -> list[s
     if not ours:
         return []
     name = "ours" if mine is OURS else mine.label
-    skip = {(mine.label, mine.cap)} | ({(r.label, r.cap) for r in (OURS, *OVERCOMMIT)} if mine is not OURS else set())
+    skip = {OURS_KEY} if mine is OURS else {(r.label, r.cap) for r in (OURS, *OVERCOMMIT)}
     out = []
     for key, seeds in by.items():
         if key in skip:

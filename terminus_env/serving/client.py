@@ -197,14 +197,7 @@ class ReplicaClient:
 
     async def health(self, timeout_s: float | None = None) -> bool:
         """True when the server answers ``/health`` with 200 (within ``timeout_s`` when given); never raises."""
-        try:
-            if timeout_s is None:
-                response = await self._http.get("/health")
-            else:
-                response = await self._http.get("/health", timeout=httpx.Timeout(timeout_s))
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        return await self._health_answer(timeout_s) is True
 
     async def still_alive(self, window_s: float) -> bool:
         """Whether the server answers ``/health`` with 200 within ``window_s``, asked again after each dropped or reset
@@ -213,15 +206,25 @@ class ReplicaClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + window_s
         while (left := deadline - loop.time()) > 0:
-            try:
-                response = await self._http.get("/health", timeout=httpx.Timeout(left))
-            except httpx.ConnectError:
-                return False
-            except httpx.HTTPError:
-                await asyncio.sleep(min(HEALTH_RETRY_S, max(0.0, deadline - loop.time())))
-                continue
-            return response.status_code == 200
+            answer = await self._health_answer(left)
+            if answer is not None:
+                return answer
+            await asyncio.sleep(min(HEALTH_RETRY_S, max(0.0, deadline - loop.time())))
         return False
+
+    async def _health_answer(self, timeout_s: float | None) -> bool | None:
+        """One ``/health`` probe: whether it answered 200; False when nothing listens; None when the connection dropped
+        or timed out, which says nothing either way."""
+        try:
+            if timeout_s is None:
+                response = await self._http.get("/health")
+            else:
+                response = await self._http.get("/health", timeout=httpx.Timeout(timeout_s))
+        except httpx.ConnectError:
+            return False
+        except httpx.HTTPError:
+            return None
+        return response.status_code == 200
 
     async def metrics(self) -> dict[str, EngineMetrics]:
         """The server's ``/metrics``, one entry per engine."""
