@@ -5,7 +5,8 @@ Usage (in .venv-vllm, which ``make test-vllm`` installs):
     .venv-vllm/bin/python bench/engines.py placement [--seeds 0,1,2] [--json FILE]  # about 50 minutes
     .venv-vllm/bin/python bench/engines.py quick [--json FILE]                      # both, cut down: a few minutes
     .venv-vllm/bin/python bench/engines.py knee --report FILE [--figure FILE]     # print (and draw) a saved run
-Options: --no-sim (skip the simulator's prediction), --logs DIR (keep the replicas' logs and the model), for knee
+Options: --no-sim (skip the simulator's prediction), --logs DIR (keep the replicas' logs and the model),
+--engine-from JSON (vLLM's side from an earlier run: only the simulator runs), --calibration-from JSON, for knee
 --limits 4,8,... --workloads steady,growing --warmup S --window S, for placement --rows TEXT ... (ours always runs).
 
 Two vLLM replicas on this machine's CPU (``routing_lab/engines.py``: the tiny random model, one core each, a KV pool
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import routing_http
 from calibrate_sim import STEP_FIELDS, Probes, calibrate
-from routing_lab import knee, placement
+from routing_lab import contention, knee, placement
 from routing_lab.chat import write_replies
 from routing_lab.engines import MODEL_NAME, SIM_TIME_SCALE, EngineShape, Fleet, start_fleet
 from routing_lab.processes import Processes
@@ -63,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, placement.SEEDS)), help="placement: workload seeds")
     parser.add_argument("--report", type=Path, metavar="JSON", help="print (and draw) an earlier run's --json")
     parser.add_argument("--rows", nargs="*", default=[], help="placement: only rows whose label or cap holds a text")
+    parser.add_argument("--engine-from", type=Path, metavar="JSON",
+                        help="take vLLM's side from an earlier run's --json (the replicas still start, for the "
+                             "calibration); only the simulator's side runs")
+    parser.add_argument("--calibration-from", type=Path, metavar="JSON",
+                        help="the simulator as an earlier run's --json fitted it, instead of fitting it again")
     args = parser.parse_args(argv)
     quick = args.what == "quick"
     names = ("steady",) if quick else tuple(n for n in args.workloads.split(",") if n)
@@ -117,11 +123,26 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
                 print(f"knee, {name}: mean final trace {f.mean_trace_tokens:.0f} tokens (last phase "
                       f"{plan.mean_trace_last_phase[name]:.0f}); x = {f.x:.2f} per replica, x × DP = {f.knee:.1f}, "
                       f"the formula's cap {f.cap}", flush=True)
-        if with_sim:
-            calibrated, out["calibration"] = fit(fleet, dataclasses.replace(PROBES, repeats=1) if quick else PROBES)
-        if plan is not None:
+        if with_sim and args.calibration_from:
+            out["calibration"] = json.loads(args.calibration_from.read_text())["calibration"]
+            calibrated = SimConfig(**out["calibration"]["config"])
+        elif with_sim:
+            steady = plan if plan is not None and "steady" in plan.names else \
+                knee.prepare(fleet, ("steady",), limits, quick, args.warmup, args.window)
+            calibrated, out["calibration"] = fit(fleet, dataclasses.replace(PROBES, repeats=1) if quick else PROBES,
+                                                 steady.chats["steady"][0], quick)  # fmt: skip
+        if args.engine_from:
+            earlier = json.loads(args.engine_from.read_text())
+            out["engine_from"] = {"file": str(args.engine_from), "load_average_start": earlier["load_average_start"],
+                                  "load_average_end": earlier["load_average_end"]}  # fmt: skip
+            if plan is not None:
+                engine_knee = {name: [knee.revive(p) for p in earlier["knee"]["workloads"][name]["engine"]]
+                               for name in plan.names}  # fmt: skip
+            if live is not None:
+                engine_runs = [r for r in map(placement.revive, earlier["placement"]["runs"]) if r.side == "vLLM"]
+        elif plan is not None:
             engine_knee = knee.run_side(plan, fleet.urls, 1.0, "vLLM", fleet.extra)
-        if live is not None:
+        if live is not None and not args.engine_from:
             print(f"placement: {live.workload.steps} steps x {live.workload.batch_size} prompts x "
                   f"{live.workload.group_size} rollouts, {live.async_steps} steps in flight; fixed cap "
                   f"{routing_http.fixed_limit(live, routing_http.workload(live)[1])}; "
@@ -147,9 +168,10 @@ def run(work: Path, what: str, names: Sequence[str], limits: Sequence[int], seed
     return out
 
 
-def fit(fleet: Fleet, probes: Probes) -> tuple[SimConfig, dict]:
-    """The simulator's step-time model fitted to the fleet, in the fleet's shape: every replica probed at once, each
-    request as the runs send it (the random model kept to the workload's words)."""
+def fit(fleet: Fleet, probes: Probes, steady: Sequence, quick: bool) -> tuple[SimConfig, dict]:
+    """The simulator fitted to the fleet, in the fleet's shape: the step-time model from isolated probes (every
+    replica probed at once, each request as the runs send it, the random model kept to the workload's words), then
+    what the shared host adds under load, from the ``steady`` stream at a few limits (``routing_lab/contention.py``)."""
     result = asyncio.run(calibrate(fleet.urls, MODEL_NAME, fleet.shape.max_num_seqs, fleet.shape.max_num_batched_tokens,
                                    probes, chunked_prefill=False, extra=fleet.extra, together=True))  # fmt: skip
     config = fleet.shape.sim_config(result["config"])
@@ -158,9 +180,16 @@ def fit(fleet: Fleet, probes: Probes) -> tuple[SimConfig, dict]:
                                                                        for k in STEP_FIELDS)
           + f"; recompute check: vLLM {check.live_s:.2f} s with {check.live_preemptions:.0f} preemptions, simulated "
           f"{check.sim_s:.2f} s with {check.sim_preemptions}", flush=True)  # fmt: skip
+    runs = contention.measure(fleet.urls, steady, contention.QUICK_LIMITS if quick else contention.LIMITS,
+                              contention.QUICK_WINDOW if quick else contention.WINDOW, fleet.extra)  # fmt: skip
+    points = [contention.load_point(p, config, fleet.shape.replicas, result["http_overhead_s"]) for p in runs]
+    config = contention.fit(points, config)
+    print("the shared host under load (vLLM's figures; the simulator's step × 'x step', plus 'outside'):\n"
+          + contention.describe(points), flush=True)
     return config, {"config": dataclasses.asdict(config), "http_overhead_s": result["http_overhead_s"],
                     "samples": [dataclasses.asdict(x) for x in result["samples"]], "residuals": result["residuals"],
-                    "recompute": dataclasses.asdict(check), "load_average": os.getloadavg()[0]}
+                    "recompute": dataclasses.asdict(check), "contention": [dataclasses.asdict(p) for p in points],
+                    "contention_runs": [dataclasses.asdict(p) for p in runs], "load_average": os.getloadavg()[0]}
 
 
 

@@ -283,3 +283,58 @@ def test_ignore_eos_generates_max_tokens_as_vllm_does():
     c = run(main())
     assert (c.finish_reason, c.completion_tokens, len(c.token_ids), len(c.logprobs)) == ("length", 500, 500, 500)
     assert c.text == DEFAULT_REPLY and c.token_ids[len(c.text.split())] == IM_END  # the reply, its end, then more
+
+
+def test_a_shared_host_slows_steps_and_holds_requests_in_the_frontend_by_the_requests_open(tmp_path):
+    """CPU replicas' measured losses (SimConfig.step_contention, frontend_s) change the simulated time only."""
+    from terminus_env.serving.sim.engine import SimReplica, SimRequest
+
+    plain = SimConfig(step_base_s=0.01, step_per_token_s=0.0, step_per_seq_s=0.0, step_per_context_token_s=0.0,
+                      step_per_token_pair_s=0.0)
+    shared = SimConfig(**{**plain.__dict__, "step_contention": ((1, 1.0), (3, 3.0))})
+    times = []
+    for config in (plain, shared):
+        replica = SimReplica(config)
+        for i in range(3):  # three requests held: the curve says 3x
+            replica.submit(SimRequest(f"r{i}", (1, 2, 3 + i), 1, 1))
+        times.append(replica.step())
+    assert times == [pytest.approx(0.01), pytest.approx(0.03)]
+
+    held = ServerConfig(model="m", time_scale=0.02, engine=SimConfig(frontend_s=((1, 0.0), (2, 10.0))))
+
+    async def main():
+        async with SimServer(held) as server, ReplicaClient(server.url) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=2)  # alone: 1 open, no hold
+            alone = loop.time() - t0
+            t0 = loop.time()
+            await asyncio.gather(*(client.chat("m", [{"role": "user", "content": f"hi {i}"}], max_tokens=2)
+                                   for i in range(2)))  # the second arrives with one open: 10 simulated s
+            return alone, loop.time() - t0
+
+    alone, together = run(main())
+    assert alone < 0.15 and 0.2 - 0.01 < together < 0.5  # 10 simulated seconds at 0.02 real seconds each
+
+
+def test_a_curve_is_a_flag_and_a_bad_one_is_refused(tmp_path):
+    from serving_support import SimProcesses
+
+    from terminus_env.serving.sim.config import format_curve, parse_curve
+
+    assert parse_curve(format_curve(((1.5, 2.0), (4.0, 3.25)))) == ((1.5, 2.0), (4.0, 3.25)) and parse_curve("") == ()
+    with pytest.raises(ValueError, match="rising x"):
+        SimConfig(frontend_s=((2.0, 0.1), (1.0, 0.2)))
+    with pytest.raises(ValueError, match="x:y"):
+        parse_curve("1:2,three:4")
+    procs = SimProcesses(tmp_path)
+    try:  # one step of a 1-token answer, held 0.5 s: at least 5 simulated seconds
+        _, url = procs.start("--model", "m", "--time-scale", "0.1", "--step-base-s", "0.001", "--step-contention",
+                             "1:5000")
+        body = {"model": "m", "messages": [{"role": "user", "content": "w"}], "max_tokens": 1}
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    finally:
+        procs.close()
+    assert 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="2.5",model_name="m"} 0.0' in text
+    assert 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="10.0",model_name="m"} 1.0' in text

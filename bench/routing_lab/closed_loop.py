@@ -54,6 +54,8 @@ class Point:
     load_average: float  # the machine's 1-minute load average at the end of the window
     wall_s: float
     lag_s: float = 0.0  # simulated replicas: the most an engine ran behind the wall clock (0 on vLLM)
+    client_requests: int = 0  # requests that ended inside the window, as the client saw them
+    client_s: float = 0.0  # their total seconds from sent to answered (simulated)
 
     @property
     def tokens_per_s(self) -> float:
@@ -126,10 +128,12 @@ async def run_point(label: str, pool: ServingPool, phases: Sequence[Sequence[Cha
     try:
         await asyncio.sleep(window.warmup_s * time_scale)
         before = await read_counters(urls)
+        client_before = (tally.requests, tally.request_s)
         sampler = asyncio.create_task(sample())
         with LoadSampler(urls, SAMPLE_S * time_scale) as load:
             await asyncio.sleep(window.window_s * time_scale)
         after = await read_counters(urls)
+        client = (tally.requests - client_before[0], (tally.request_s - client_before[1]) / time_scale)
         lag = await max_lag_s(urls)
         sampler.cancel()
     finally:
@@ -158,5 +162,5 @@ async def run_point(label: str, pool: ServingPool, phases: Sequence[Sequence[Cha
         in_flight=statistics.fmean(flying) if flying else 0.0, limit_min=min(limits, default=0),
         limit_max=max(limits, default=0), rollouts_done=len(done), final_traces=tuple(traces),
         context_limited=tally.context_limited, load_average=os.getloadavg()[0], wall_s=time.perf_counter() - started,
-        lag_s=lag,
+        lag_s=lag, client_requests=client[0], client_s=client[1],
     )  # fmt: skip

@@ -190,6 +190,12 @@ _SERIES = {
     "vllm:request_queue_time_seconds_sum": "queue_s",
     "vllm:request_queue_time_seconds_count": "queued",
     "vllm:estimated_flops_per_gpu_total": "flops",
+    "vllm:e2e_request_latency_seconds_sum": "e2e_s",
+    "vllm:request_inference_time_seconds_sum": "inference_s",
+    "vllm:iteration_tokens_total_count": "steps",
+    "vllm:iteration_tokens_total_sum": "step_tokens",
+    "vllm:inter_token_latency_seconds_sum": "itl_s",
+    "vllm:inter_token_latency_seconds_count": "itl_count",
 }
 
 
@@ -206,6 +212,13 @@ class Counters:
     queue_s: float = 0.0  # total seconds requests waited in the engine before their first step
     queued: float = 0.0
     flops: float = 0.0
+    # vLLM's own timings (the simulated replica has e2e only): where a request's time goes under load
+    e2e_s: float = 0.0  # total seconds from a request's arrival at the engine's frontend to its end
+    inference_s: float = 0.0  # total seconds requests ran in the engine (prefill and decode)
+    steps: float = 0.0  # engine steps
+    step_tokens: float = 0.0  # tokens scheduled over those steps
+    itl_s: float = 0.0  # total seconds between a request's consecutive output tokens
+    itl_count: float = 0.0
 
     def minus(self, before: Counters) -> Counters:
         return Counters(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)})

@@ -164,6 +164,7 @@ class Tally:
     followups: int = 0
     stayed: int = 0
     prompt_tokens: dict[tuple[str, int], int] = field(default_factory=dict)  # (rollout, turn) -> prompt tokens
+    request_s: float = 0.0  # total seconds requests took as the client saw them
 
 
 @dataclass(frozen=True)
@@ -247,12 +248,14 @@ async def play_rollout(ro: ChatRollout, endpoint: Endpoint, tally: Tally, time_s
         if on_admitted is not None:
             on_admitted()
         for i, planned in enumerate(ro.turns):
+            sent = time.perf_counter()
             try:
                 turn = await endpoint.chat(ro, i, messages)
             except ContextLengthExceeded:
                 tally.context_limited += 1
                 return
             tally.requests += 1
+            tally.request_s += time.perf_counter() - sent
             tally.output_tokens += turn.completion_tokens
             tally.prompt_tokens[ro.rollout_id, i] = turn.prompt_tokens
             if previous and turn.replica:

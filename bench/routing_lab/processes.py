@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.config import SimConfig, format_curve
 
 _PR_SET_PDEATHSIG = 1
 _START_TIMEOUT_S = 60.0
@@ -105,8 +105,7 @@ class Processes:
         urls = []
         for i in range(count):
             port = free_port()
-            flags = [f"--{name.replace('_', '-')}={value}" if not isinstance(value, bool)
-                     else f"--{'' if value else 'no-'}{name.replace('_', '-')}" for name, value in vars(engine).items()]
+            flags = [engine_flag(name, value) for name, value in vars(engine).items()]
             if tokenizer is not None:
                 flags += ["--tokenizer", str(tokenizer)]
             if weight_sync:
@@ -165,3 +164,10 @@ def wait_healthy(url: str, procs: Sequence[subprocess.Popen], path: str = "/heal
         time.sleep(0.1)
     raise TimeoutError(f"{url}{path} did not answer in {_START_TIMEOUT_S:.0f}s")
 
+
+def engine_flag(name: str, value: object) -> str:
+    """One :class:`SimConfig` setting as the simulated server's flag."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{flag}"
+    return f"--{flag}={format_curve(value) if isinstance(value, tuple) else value}"

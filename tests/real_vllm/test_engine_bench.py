@@ -44,6 +44,16 @@ def test_the_quick_engine_benchmark_fills_every_row_from_the_engines_counters(tm
             assert p["in_flight"] > 0 and p["load"]["samples"] > 0, (side, p["label"])
         assert points["fixed 64"]["in_flight"] > points["fixed 16"]["in_flight"] > points["fixed 4"]["in_flight"]
     assert isinstance(knee["engine_knee"], int) and isinstance(knee["sim_knee"], int)
+    for p in knee["engine"]:  # vLLM's own step figures, which the simulator's shared-host curves come from
+        c = p["counters"]
+        assert c["steps"] > 0 and 0 < c["itl_count"] <= c["generation_tokens"] and c["itl_s"] > 0, p["label"]
+        assert 0 < c["inference_s"] < c["e2e_s"] and p["client_requests"] > 0 and p["client_s"] > 0, p["label"]
+    shared = data["calibration"]["contention"]
+    assert [p["limit"] for p in shared] == [4, 16, 64]
+    assert all(p["itl_s"] > 0 and p["model_step_s"] > 0 and p["outside_s"] >= 0 for p in shared)
+    config = data["calibration"]["config"]
+    assert 1 <= len(config["step_contention"]) == len(config["frontend_s"]) <= 3
+    assert all(multiplier > 0 for _, multiplier in config["step_contention"])
     assert figure.stat().st_size > 10_000
 
     runs = data["placement"]["runs"]

@@ -8,7 +8,7 @@ import dataclasses
 import signal
 import sys
 
-from terminus_env.serving.sim.engine import SimConfig
+from terminus_env.serving.sim.config import SimConfig, parse_curve
 from terminus_env.serving.sim.replies import ReplySource, ScriptedReplies, default_reply, load_reply_source
 from terminus_env.serving.sim.server import ServerConfig, SimServer
 from terminus_env.serving.sim.tokenizer import ChatTokenizer, TemplateTokenizer
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + field.name.replace("_", "-")
         if isinstance(field.default, bool):
             engine.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=field.default)
+        elif isinstance(field.default, tuple):  # a Curve, written x:y,x:y
+            engine.add_argument(flag, dest=field.name, type=parse_curve, default=field.default)
         else:
             engine.add_argument(flag, dest=field.name, type=type(field.default), default=field.default)
     serve.add_argument(

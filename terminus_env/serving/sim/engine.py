@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from terminus_env.serving.metrics import EngineMetrics
+from terminus_env.serving.sim.config import SimConfig, curve_at
 
 _NULL_BLOCK = 0
 _LCG_MUL = 1664525
@@ -43,57 +44,6 @@ class ContextTooLong(ValueError):
 
 class UnknownRequest(KeyError):
     """An operation named a request id this replica does not hold."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Engine arguments and the step-time model.
-
-    A step lasts ``step_base_s + step_per_token_s × scheduled tokens + step_per_seq_s × scheduled
-    sequences + step_per_context_token_s × KV tokens read + step_per_token_pair_s × (token, earlier
-    token) pairs attended``. Scheduled tokens are the uncached prompt tokens of prefill chunks plus one
-    per decoding sequence, so prefix-cache hits cost nothing. Each scheduled sequence reads its whole
-    context's KV once (memory-bound decode); each scheduled token attends to every earlier token
-    (compute-bound prefill, quadratic in its length). Defaults are in the range of a 7-8B model in bf16
-    on one H100-class GPU: ~8 ms per step at batch 1, ~35k prefill tokens/s at short context (a 32k
-    prompt in ~1.5 s), ~30 ms decode steps at batch 256.
-    """
-
-    num_gpu_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_model_len: int = 32768
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    step_base_s: float = 0.008
-    step_per_token_s: float = 25e-6
-    step_per_seq_s: float = 50e-6
-    step_per_context_token_s: float = 30e-9
-    step_per_token_pair_s: float = 1.3e-12
-    vocab_size: int = 32000
-
-    def __post_init__(self) -> None:
-        for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SimConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.num_gpu_blocks < 2:
-            raise ValueError("SimConfig.num_gpu_blocks must be at least 2 (one is the reserved null block)")
-        usable_tokens = (self.num_gpu_blocks - 1) * self.block_size
-        if self.max_model_len > usable_tokens:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} does not fit the KV pool of {usable_tokens} tokens; "
-                "raise num_gpu_blocks or lower max_model_len (vLLM refuses to start in this case too)"
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len={self.max_model_len} "
-                "with chunked prefill off: a long prompt could never be scheduled (vLLM refuses this too)"
-            )
-
-    @property
-    def usable_blocks(self) -> int:
-        return self.num_gpu_blocks - 1
 
 
 @dataclass(frozen=True)
@@ -275,6 +225,7 @@ class SimReplica:
         self._prefix_hits = 0
         self._steps = 0
         self._busy_s = 0.0
+        self.frontend_open = 0  # requests the server holds in its frontend (they count as open: SimConfig)
 
     # -- requests in and out -------------------------------------------------------------------------
 
@@ -330,10 +281,11 @@ class SimReplica:
 
     def step(self) -> float:
         """Run one continuous-batching step and return its duration (0.0 when there is nothing to do)."""
+        cfg = self.config
+        contention = curve_at(cfg.step_contention, len(self._waiting) + len(self._running) + self.frontend_open, 1.0)
         scheduled = self._schedule()
         if not scheduled:
             return 0.0
-        cfg = self.config
         tokens = context = pairs = 0
         first: list[_Live] = []
         done: list[_Live] = []
@@ -357,7 +309,7 @@ class SimReplica:
             + cfg.step_per_seq_s * len(scheduled)
             + cfg.step_per_context_token_s * context
             + cfg.step_per_token_pair_s * pairs
-        )
+        ) * contention
         self.now += dt
         self._steps += 1
         self._busy_s += dt

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from terminus_env.serving.client import FRESH_WEIGHT_VERSION, message_text
-from terminus_env.serving.sim.engine import SimConfig, SimFinished, SimReplica, SimRequest, UnknownRequest
+from terminus_env.serving.sim.config import SimConfig, curve_at
+from terminus_env.serving.sim.engine import SimFinished, SimReplica, SimRequest, UnknownRequest
 from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
 from terminus_env.serving.sim.http import Request, Response, serve_connection
 from terminus_env.serving.sim.replies import ReplySource, default_reply
@@ -80,6 +81,15 @@ class _EngineDriver:
     async def generate(self, request: SimRequest) -> SimFinished:
         if self.dead is not None:
             raise self.dead
+        delay = curve_at(self.replica.config.frontend_s, len(self._pending) + self.replica.frontend_open + 1, 0.0)
+        if delay > 0 and self._time_scale > 0:  # a shared host's frontend (SimConfig); as fast as possible: none
+            self.replica.frontend_open += 1
+            try:
+                await asyncio.sleep(delay * self._time_scale)
+            finally:
+                self.replica.frontend_open -= 1
+            if self.dead is not None:
+                raise self.dead
         if not self.replica.has_work() and self._time_scale > 0:
             # An idle engine's clock follows the wall clock, so queue times start at arrival.
             self.replica.advance_to((time.monotonic() - self._epoch) / self._time_scale)
