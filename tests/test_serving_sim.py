@@ -305,16 +305,23 @@ def test_a_shared_host_slows_steps_and_holds_requests_in_the_frontend_by_the_req
     async def main():
         async with SimServer(held) as server, ReplicaClient(server.url) as client:
             loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=2)  # alone: 1 open, no hold
-            alone = loop.time() - t0
-            t0 = loop.time()
-            await asyncio.gather(*(client.chat("m", [{"role": "user", "content": f"hi {i}"}], max_tokens=2)
-                                   for i in range(2)))  # the second arrives with one open: 10 simulated s
-            return alone, loop.time() - t0
 
-    alone, together = run(main())
-    assert alone < 0.15 and 0.2 - 0.01 < together < 0.5  # 10 simulated seconds at 0.02 real seconds each
+            async def timed(text: str, tokens: int) -> float:
+                t0 = loop.time()
+                await client.chat("m", [{"role": "user", "content": text}], max_tokens=tokens, ignore_eos=True)
+                return loop.time() - t0
+
+            alone = await timed("hi", 2)  # nothing else open: no hold
+            # 1,000 steps of 8 simulated ms: 8 simulated s, 0.16 real s; a short request sent meanwhile is the
+            # second open and is held 10 simulated s (0.2 real s) before its first step
+            long = asyncio.create_task(timed("long", 1000))
+            await asyncio.sleep(0.02)
+            second = await timed("short", 2)
+            return alone, second, await long
+
+    alone, second, long = run(main())
+    assert alone < 0.1 and long > 0
+    assert 0.2 - 0.01 < second < 0.6  # held (without the hold: a few milliseconds)
 
 
 def test_a_curve_is_a_flag_and_a_bad_one_is_refused(tmp_path):
