@@ -37,7 +37,7 @@ for lib in "${libs[@]}"; do
         if ! { "$python" -m venv "$venv" \
             && "$venv/bin/pip" install -q --upgrade pip \
             && { [ ${#preinstall[@]} -eq 0 ] || "$venv/bin/pip" install -q "${preinstall[@]}"; } \
-            && "$venv/bin/pip" install -q -e ".[dev,$lib]"; } 2> >(grep -v "^WARNING: Location" >&2); then
+            && "$venv/bin/pip" install -q -e ".[test,$lib]"; } 2> >(grep -v "^WARNING: Location" >&2); then
             echo "== $lib: install failed" >&2
             failed+=("$lib")
             continue
@@ -52,8 +52,10 @@ for lib in "${libs[@]}"; do
         tests+=(tests/adapters/test_harbor_side_by_side.py)
     fi
     # verifiers runs uv from PATH: the one the extra installed into this environment.
+    started=$SECONDS
     PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider --adapters \
         "${tests[@]}" || failed+=("$lib")
+    echo "== adapter tests: $lib took $((SECONDS - started)) s"
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "adapter tests failed for: ${failed[*]}" >&2
