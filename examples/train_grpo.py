@@ -15,6 +15,11 @@ already serving the same model with ``--weight-sync``. Each step: the episodes r
 metrics go to the trainer's log as ``env/...``), TRL takes one optimizer step, then the new weights are saved and
 loaded into every replica. At the end it prints each step's time split into rollout, training and weight sync, and
 with ``--json FILE`` writes the numbers and the trainer's log.
+
+Each step's batch of episodes (mean reward, how they ended, format errors, turns, tokens, tampered and masked
+rollouts) goes to ``OUTPUT/steps.jsonl`` as it is played; the run's page, with a chart of each, is then
+
+    terminus-env view OUTPUT/steps.jsonl      # writes OUTPUT/steps.html and OUTPUT/steps.summary.json
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+STEP_LOG = "steps.jsonl"
+"""In ``--output``: a line per step, for ``terminus-env view``'s training-run page."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base-url", action="append", help="use these replicas instead of starting them")
     parser.add_argument("--served-model-name", help="the name the replicas serve the model under")
     parser.add_argument("--max-sandboxes", type=int, default=4)
-    parser.add_argument("--output", type=Path, help="checkpoints and logs (default: a temporary folder)")
+    parser.add_argument("--output", type=Path, help="checkpoints, logs, steps.jsonl (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the step timings and the trainer's log here")
     return parser.parse_args(argv)
 
@@ -122,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     with replicas(args, model_path, output / "replica-logs") as (urls, served):
         rollouts = make_rollout_func(
             tasks, base_urls=urls, model=served, max_tokens=args.max_turn_tokens, max_sandboxes=args.max_sandboxes,
-            env_kwargs={"max_turns": args.max_turns}, sampling={"temperature": 1.0},
+            env_kwargs={"max_turns": args.max_turns}, sampling={"temperature": 1.0}, step_log=output / STEP_LOG,
         )  # fmt: skip
         config = GRPOConfig(
             output_dir=str(output / "trainer"),
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['sync_s']:>7.3f}  {log['reward']:.3f}   {log['env/mean_turns']:.2f}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"steps": rows, "log_history": trainer.state.log_history}, indent=1))
+    print(f"each step's episodes: {output / STEP_LOG}; their page: terminus-env view {output / STEP_LOG}")
     return 0
 
 

@@ -113,10 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
-    view = sub.add_parser("view", help="one trajectory of a run as a static HTML page, turn by turn")
-    view.add_argument("run", type=Path, help="a Harbor job folder, one of its trial folders, or an eval run file")
-    view.add_argument("--trial", help="which trial (its folder name, e.g. hello-world__0; default: the first)")
-    view.add_argument("--output", type=Path, help="where to write the page (default: beside RUN's trial)")
+    view = sub.add_parser(
+        "view", help="a job, a training run or one trial as static HTML pages that open offline",
+        description="Write the page of RUN: a job (a Harbor job folder or an eval run file: the score, a table of the "
+        "tasks, how the trials ended, with a page per trial), a training run (its step log), or one trial (a trial "
+        "folder, or --trial). A job's or training run's page has its figures as JSON beside it (PAGE.summary.json).",
+    )  # fmt: skip
+    view.add_argument(
+        "run", type=Path, metavar="RUN", help="a Harbor job folder, one of its trial folders, an eval run file, or a "
+        "training run's step log",
+    )  # fmt: skip
+    view.add_argument("--trial", help="write only this trial's page (its folder name, e.g. hello-world__0)")
+    view.add_argument(
+        "--output", type=Path, metavar="PAGE.html",
+        help="the page to write (default: job.html in a job folder, RUN.html beside a file, trajectory.html in a "
+        "trial's folder); a job's trial pages then go in the folder PAGE.trials beside it",
+    )  # fmt: skip
     view.set_defaults(func=_cmd_view)
     return parser
 

@@ -147,13 +147,25 @@ class Browser:
         self.call("Page.navigate", session=True, url=page.resolve().as_uri())
         self.wait_for("Page.loadEventFired")
 
+    def follow(self, selector: str) -> str:
+        """Click the link ``selector`` finds, as a person would, and wait for the page it opens to load; its URL."""
+        self._events.clear()
+        self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+        self.wait_for("Page.loadEventFired")
+        return self.evaluate("location.href")
+
     def shown_text(self) -> str:
         """The text the page renders, as a reader sees it."""
         reply = self.call("Runtime.evaluate", session=True, expression="document.body.innerText", returnByValue=True)
         return reply["result"]["value"]
 
     def evaluate(self, expression: str) -> Any:
-        return self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)["result"]["value"]
+        """The expression's value in the page (None for ``undefined``); an exception it throws is raised here."""
+        reply = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        if "exceptionDetails" in reply:
+            thrown = reply["exceptionDetails"].get("exception") or {}
+            raise RuntimeError(f"{expression}: {thrown.get('description') or reply['exceptionDetails'].get('text')}")
+        return reply["result"].get("value")
 
     def screenshot(self, path: Path) -> tuple[int, int]:
         """The whole page (beyond the window) as a PNG; its size in CSS pixels."""

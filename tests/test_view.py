@@ -1,5 +1,5 @@
-"""``terminus-env view``: the page of a real eval's trial, opened in a real headless Chromium, with a screenshot in
-``test-artifacts/view/`` and assertions on the text the browser renders."""
+"""``terminus-env view``: the pages of a real eval's job and of its trials, opened in a real headless Chromium, with
+screenshots in ``test-artifacts/view/`` and assertions on the text the browser renders."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from browser_support import ARTIFACTS, Browser, chromium_path
 from task_support import BROKEN, FAILURE, TASK, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
+from terminus_env.rollout.report import build_report, with_ci
 from terminus_env.rollout.run_log import read_run
 from terminus_env.sandbox.images import prune_task_images
 
@@ -85,16 +86,27 @@ def test_an_unsolved_trial_from_the_run_file_says_why(run: tuple[Path, Path], br
     assert "test session starts" in shown and "AssertionError: /app/hello.txt is missing" in shown
 
 
-def test_view_picks_a_trial_and_says_how_to_pick_another(run: tuple[Path, Path],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    _, job = run
+def test_the_job_page_of_a_real_eval_scores_as_the_eval_and_opens_each_trial(
+    run: tuple[Path, Path], browser: Browser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output, job = run
     assert view(str(job)) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0] == str(job / f"{BROKEN}__0" / "trajectory.html")  # the first, by name
-    assert "pass --trial NAME for another" in out and SOLVED in out
+    assert capsys.readouterr().out.splitlines()[0] == str(job / "job.html")
+    browser.open(job / "job.html")
+    browser.screenshot(ARTIFACTS / "view" / "eval-job.png")
+    shown = browser.shown_text()
+    report = build_report(read_run(output))
+    assert with_ci(report.overall) in shown and "0.500 ± 0.980 (0.000–1.000)" in shown  # as `eval` prints it
+    rows = "Array.from(document.querySelectorAll('#tasks tbody tr')).map(r => r.dataset.task)"
+    assert sorted(browser.evaluate(rows)) == sorted([BROKEN, TASK])
+    assert "0.50 format errors per rollout" in shown  # the careless opening of the solved trial
+    assert f"{BROKEN}__0 (TaskError): TaskError:" in shown  # a task that never ran is masked, with its error
+    assert browser.follow(f'a.mark[data-trial="{SOLVED}"]') == (job / SOLVED / "trajectory.html").as_uri()
+    shown = browser.shown_text()
+    assert "reward 1" in shown and "Turn 4" in shown and "Marked the task complete." in shown
     page = (job / f"{BROKEN}__0" / "trajectory.html").read_text()
     assert "no trajectory" in page and "TaskError" in page  # a task that never ran says so
-    assert view(str(job / SOLVED)) == 0  # a trial folder
+    assert view(str(job / SOLVED)) == 0  # a trial folder: its page alone
     assert capsys.readouterr().out.strip() == str(job / SOLVED / "trajectory.html")
 
 
@@ -105,7 +117,8 @@ def test_view_refuses_what_holds_no_trial_and_names_the_choices(
     assert view(str(job), "--trial", "nope__0") == 2
     assert f"has no trial 'nope__0'; it has: {BROKEN}__0, {BROKEN}__1, {SOLVED}, {UNSOLVED}" in capsys.readouterr().err
     assert view(str(tmp_path)) == 2
-    assert "not an eval run file (.jsonl), a Harbor job folder or a trial folder" in capsys.readouterr().err
+    assert "not an eval run file (.jsonl), a training run's step log (.jsonl), a Harbor job folder or a trial " \
+        "folder" in capsys.readouterr().err  # fmt: skip
     torn = tmp_path / "torn.jsonl"
     torn.write_text("not json\n")
     assert view(str(torn)) == 2

@@ -45,6 +45,7 @@ from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.sandbox import SandboxPool
 from terminus_env.serving.weight_sync import CheckpointReload, WeightSync
+from terminus_env.step_log import StepLog
 from terminus_env.tasks import Task
 from terminus_env.training import (
     DEFAULT_MASKING,
@@ -65,6 +66,8 @@ class TerminusRollouts:
 
     ``max_tokens`` is the one per-turn limit: the engine cuts each reply there, and the env judges the cut by it
     (``max_turn_tokens``). A ``seed`` in ``sampling`` becomes one per rollout and turn, so a group holds no copies.
+    ``step_log`` (a path or a :class:`~terminus_env.step_log.StepLog`) records each batch's figures, a line
+    per step, for ``terminus-env view``'s training-run page.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class TerminusRollouts:
         max_sandboxes: int = 8,
         warm_sandboxes: int = 0,
         serving_kwargs: Mapping[str, Any] | None = None,
+        step_log: str | Path | StepLog | None = None,
     ) -> None:
         if drift is DriftPolicy.SPLIT:
             raise ValueError("TRL takes one completion per prompt: use DriftPolicy.REALIGN or DriftPolicy.RAISE")
@@ -106,6 +110,7 @@ class TerminusRollouts:
         self._max_sandboxes = max_sandboxes
         self._warm = warm_sandboxes
         self._serving_kwargs = dict(serving_kwargs or {})
+        self._step_log = StepLog(step_log) if isinstance(step_log, (str, Path)) else step_log
         self._serving: Any = None
         self._sandboxes: SandboxPool | None = None
         self.last_trajectories: list[Trajectory] = []
@@ -123,6 +128,9 @@ class TerminusRollouts:
             check_vocabulary(sequences, vocab_size)
         batch = trl_batch(sequences, _end_token(trainer))
         _log(trainer, trajectories, sequences, {"time/rollout_s": self.last_rollout_s})
+        if self._step_log is not None:  # the batch of the optimizer step after the trainer's last
+            step = version + 1 if isinstance(version, int) else None
+            self._step_log.add(trajectories, step=step, masking=self._masking, extra={"rollout_s": self.last_rollout_s})
         return batch
 
     def sync_weights(self, checkpoint: str | Path, version: Any) -> WeightSync:

@@ -3,7 +3,7 @@
 The keys are the ones Harbor 0.26.0 writes for a job of its own, so Harbor's viewer and its Pydantic models
 read them; the values say what this package did. What has no Harbor counterpart
 goes where Harbor keeps free-form data: the run's options in the agent's ``kwargs``, the episode summary
-(end reason, format errors, the first failing test) in ``agent_result.metadata``.
+(end reason, format errors, the first failing test) and the task's category in ``agent_result.metadata``.
 
 Rewards: every valid trial has ``verifier_result.rewards.reward``, the env's reward (0 for endings that are the
 agent's doing and ungraded, such as a strict format error). A trial the infrastructure failed (``env_error``),
@@ -134,7 +134,9 @@ def rollout_result(job: JobInfo, record: RolloutRecord, checksum: str) -> dict[s
         agent_result={
             "n_input_tokens": token_total(turns, "prompt_tokens"), "n_cache_tokens": None,
             "n_output_tokens": token_total(turns, "completion_tokens"), "cost_usd": None, "model_usage": None,
-            "rollout_details": None, "metadata": {**(record.summary or {}), "detail": record.detail},
+            "rollout_details": None,
+            "metadata": {"end_reason": record.end_reason, "category": record.category, **(record.summary or {}),
+                         "detail": record.detail},
         },
         rewards=None if record.env_error else {REWARD_KEY: record.reward},
         exception_info=error,

@@ -47,7 +47,7 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
     groups = [*groups, ("overall", report.overall)] if len(groups) > 1 else [("overall", report.overall)]
     for name, score in groups:
         rows.append((name, str(score.tasks), _num(score.pass_at_1), *([_num(score.pass_at_k)] if k > 1 else []),
-                     _with_ci(score)))  # fmt: skip
+                     with_ci(score)))  # fmt: skip
     _table(rows, out)
 
     failures = _first_failures(contents)
@@ -57,7 +57,7 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
             out.write(f"  {name}: {failures[name]}\n")
 
     overall = report.overall
-    out.write(f"\nscore {_with_ci(overall)} over {overall.tasks} tasks: the mean over tasks of each task's mean "
+    out.write(f"\nscore {with_ci(overall)} over {overall.tasks} tasks: the mean over tasks of each task's mean "
               "reward, as the Terminal-Bench leaderboard computes it\n")  # fmt: skip
     if overall.mean_reward is not None and overall.stderr is None:
         out.write("no confidence interval: it needs 2 valid trials of every task (--trials 2 or more)\n")
@@ -105,7 +105,8 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _with_ci(score: stats.Score) -> str:
+def with_ci(score: stats.Score) -> str:
+    """The score as the report prints it: ``mean ± half-width (low–high)``, or ``± n/a`` without an interval."""
     if score.mean_reward is None:
         return "-"
     if score.stderr is None or score.ci95 is None:

@@ -1,5 +1,5 @@
-"""One trial as a static, self-contained HTML page: how it ended, then turn by turn what the model thought
-(analysis and plan), what it typed, and what the terminal showed after.
+"""One trial as a static, self-contained HTML page: how it ended and what was flagged, then turn by turn what the
+model thought (analysis and plan), what it typed, and what the terminal showed after; last, the verifier's output.
 
 No script, no external file: the page opens from disk, in any browser, offline, and can be attached to an
 issue as it is. Every text from the run is escaped. Pure: a :class:`Trial` in, the page's text out.
@@ -43,11 +43,13 @@ ol.keys pre { background: #f0f3f6; padding: .3rem .5rem; border-radius: .3rem; d
 .complete { color: #1a7f37; font-weight: bold; }
 details { margin: .5rem 0; } summary { cursor: pointer; color: #0969da; }
 footer { color: #555; margin-top: 1.5rem; }
+.back { margin: 0 0 .5rem; } .tampered { background: #1f2328; color: #fff; border-radius: .4rem; padding: .5rem .75rem;
+                                            margin: .5rem 0; } .tampered code { color: #ffd8b5; }
 """
 
 
-def render(trial: Trial) -> str:
-    """The page of one trial."""
+def render(trial: Trial, *, job_page: str | None = None) -> str:
+    """The page of one trial; ``job_page`` links back to its job's page (a path relative to this one)."""
     trajectory = trial.trajectory or {}
     result = trial.result or {}
     steps: Sequence[Mapping[str, Any]] = trajectory.get("steps") or []
@@ -58,8 +60,10 @@ def render(trial: Trial) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_e(task)} · {_e(trial.name)}</title>",
         f"<style>{_STYLE}</style></head><body>",
+        f'<p class="back"><a href="{_e(job_page)}">← the job</a></p>' if job_page else "",
         f'<h1>{_e(task)} <span class="trial">{_e(trial.name)}</span></h1>',
         _outcome(trial, trajectory, result, steps),
+        _tampering(result),
     ]
     if not steps:
         parts.append('<p class="problem">This trial has no trajectory: it never reached its first observation, or its '
@@ -77,7 +81,7 @@ def render(trial: Trial) -> str:
             parts.append(f"<section class=\"turn\"><h2>{_e(step.get('source', ''))} message</h2>"
                          f"<pre>{_e(_text(step.get('message')))}</pre></section>")  # fmt: skip
     parts.append(_verifier(trial.verifier, _reward(result)))
-    parts.append(f"<footer><p>{_e(_ending(trajectory, result))}</p></footer>")
+    parts.append(f"<footer><p>{_e(_ending(trial, trajectory, result))}</p></footer>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -98,7 +102,7 @@ def _outcome(
     metrics = trajectory.get("final_metrics") or {}
     items = [
         ("reward", badge),
-        ("end reason", _e(_end_reason(trajectory, result))),
+        ("end reason", _e(_end_reason(trial, trajectory, result))),
         ("turns", str(turns)),
         ("format errors", _e(summary.get("format_errors", "-"))),
         ("agent", _e(f"{agent.get('name', '-')} {agent.get('version', '')}".strip())
@@ -118,15 +122,29 @@ def _outcome(
     return "\n".join(lines)
 
 
-def _ending(trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+def _ending(trial: Trial, trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     reward = _reward(result)
-    return f"Ended: {_end_reason(trajectory, result)}; reward {'none' if reward is None else f'{reward:g}'}."
+    return f"Ended: {_end_reason(trial, trajectory, result)}; reward {'none' if reward is None else f'{reward:g}'}."
 
 
-def _end_reason(trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+def _end_reason(trial: Trial, trajectory: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     """Ours, from the episode summary the trial's result keeps (Harbor's own trials have none)."""
     summary = (result.get("agent_result") or {}).get("metadata") or {}
-    return str(summary.get("end_reason") or (trajectory.get("extra") or {}).get("end_reason") or "unknown")
+    found = summary.get("end_reason") or (trajectory.get("extra") or {}).get("end_reason") or trial.end_reason
+    return str(found or "unknown")
+
+
+def _tampering(result: Mapping[str, Any]) -> str:
+    """What the verifier ran that the agent had changed: the findings the sandbox's tamper check reported."""
+    summary = (result.get("agent_result") or {}).get("metadata") or {}
+    findings = [f for f in summary.get("tampering") or () if isinstance(f, Mapping)]
+    if not findings:
+        return ""
+    rows = "".join(f"<li><strong>{_e(f.get('kind', '-'))}</strong> <code>{_e(f.get('path', ''))}</code>"
+                   + (f": {_e(f['detail'])}" if f.get("detail") else "")
+                   + ("" if f.get("certain", True) else " (uncertain)") + "</li>" for f in findings)  # fmt: skip
+    return ('<div class="tampered"><strong>Flagged for tampering:</strong> the verifier ran what the agent changed '
+            f"in its runtime.<ul>{rows}</ul></div>")  # fmt: skip
 
 
 def _reward(result: Mapping[str, Any]) -> float | None:
@@ -197,16 +215,18 @@ def _summarization(step: Mapping[str, Any]) -> str:
 
 
 def _verifier(files: Mapping[str, str], reward: float | None) -> str:
-    """The verifier's output, open when the trial earned less than 1: what a person reads first when it fails."""
+    """The verifier's reward file and output, open when the trial earned less than 1: what a person reads first when
+    it fails."""
     output = files.get("test-stdout.txt")
-    if output is None:
-        return ""
     others = [name for name in ("reward.txt", "reward.json") if name in files]
+    if output is None and not others:
+        return ""
     rows = "".join(f"<li>{_e(name)}: <code>{_e(files[name].strip()[:200])}</code></li>" for name in others)
     state = "" if reward is not None and reward >= 1 else " open"
-    return ('<section class="turn verifier"><h2>The verifier</h2>' + (f"<ul>{rows}</ul>" if rows else "")
-            + f'<details{state}><summary>Its output (test-stdout.txt)</summary><pre class="terminal">'
-            f"{_e(output)}</pre></details></section>")  # fmt: skip
+    shown = "" if output is None else (f'<details{state}><summary>Its output (test-stdout.txt)</summary>'
+                                       f'<pre class="terminal">{_e(output)}</pre></details>')  # fmt: skip
+    return '<section class="turn verifier"><h2>The verifier</h2>' + (f"<ul>{rows}</ul>" if rows else "") + shown + \
+        "</section>"
 
 
 def _number(value: Any) -> str:

@@ -6,6 +6,8 @@ here; a tiny randomly initialised Qwen2 model. Needs ``pip install 'terminus-env
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from adapter_support import HalfRight, oracle_server
@@ -16,6 +18,7 @@ from trl import GRPOConfig, GRPOTrainer
 from terminus_env.bridge import shared_loop
 from terminus_env.integrations.trl import REWARD_FIELD, env_reward, make_rollout_func
 from terminus_env.rollout.policy import oracle_reply
+from terminus_env.step_log import read_step_log
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 
@@ -47,7 +50,8 @@ def tiny_model(tokenizer) -> Qwen2ForCausalLM:
 
 def test_one_grpo_optimizer_step_on_cpu_on_our_rollouts(task, tokenizer, server, tmp_path):
     seen_prompts: list[list] = []
-    rollouts = make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048)
+    step_log = tmp_path / "steps.jsonl"
+    rollouts = make_rollout_func([task], base_urls=[server.url], model="sim", max_tokens=2048, step_log=step_log)
 
     def rollout_func(prompts, trainer):
         seen_prompts.append(list(prompts))
@@ -104,6 +108,11 @@ def test_one_grpo_optimizer_step_on_cpu_on_our_rollouts(task, tokenizer, server,
     logged = trainer.state.log_history[0]
     assert logged["reward"] == 0.5 and logged["env/mean_reward"] == 0.5 and logged["env/drifted_turns"] == 0.0
     assert logged["loss"] != 0.0 and logged["grad_norm"] > 0.0
+    # The step log: the batch as the optimizer step it trained, for terminus-env view's training-run page.
+    (step,) = read_step_log(step_log)
+    assert step.step == 1 and step.episodes == 2 and step.mean_reward == logged["env/mean_reward"] == 0.5
+    assert step.end_reasons == dict(Counter(str(t.summary.end_reason) for t in trajectories))
+    assert step.masked == 0 and step.extra["rollout_s"] > 0
 
 
 def test_rollout_func_output_passes_trls_checks_and_masks_with_none(task, tokenizer, server):

@@ -25,8 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM
 from vllm_support import expected_logprobs
 
+from terminus_env.cli import main as cli_main
 from terminus_env.serving import ReplicaClient
 from terminus_env.serving.serve_process import free_ports
+from terminus_env.step_log import read_step_log
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "getting-started.md"
@@ -91,6 +93,7 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
         print("\n" + "\n".join(trained.stdout.splitlines()[-3:]))
         urls = [f"http://127.0.0.1:{port + i}" for i in (0, 1)]
         check_training(json.loads((tmp_path / "grpo.json").read_text()), urls)
+        check_step_log(out / "steps.jsonl", json.loads((tmp_path / "grpo.json").read_text()))
         check_replicas_serve(out / "checkpoints" / "step-2", clone / "tiny", port)
     finally:
         launcher.send_signal(signal.SIGTERM)
@@ -122,6 +125,16 @@ def check_training(result: dict, urls: list[str]) -> None:
                     "time/weight_sync_s"):  # fmt: skip
             assert key in entry, (key, entry)
         assert entry["env/mean_turns"] >= 1 and entry["env/untrained_token_share"] == 0.0
+
+
+def check_step_log(path: Path, result: dict) -> None:
+    """The example's step log: a line per step with the mean reward the trainer logged; the training run's page."""
+    steps = read_step_log(path)
+    logged = [entry for entry in result["log_history"] if "loss" in entry]
+    assert [s.step for s in steps] == [1, 2]
+    assert all(s.episodes > 0 and sum(s.end_reasons.values()) == s.episodes for s in steps)
+    assert [s.mean_reward for s in steps] == pytest.approx([entry["env/mean_reward"] for entry in logged])
+    assert cli_main(["view", str(path)]) == 0 and path.with_suffix(".html").is_file()
 
 
 def check_replicas_serve(step2: Path, initial: Path, port: int) -> None:
