@@ -46,6 +46,7 @@ from terminus_env.serving.sim.engine import SimConfig, SimReplica, SimRequest
 STEP_FIELDS = ("step_base_s", "step_per_token_s", "step_per_seq_s", "step_per_context_token_s",
                "step_per_token_pair_s")
 _TIMEOUT_S = 600.0
+_SENDS = 3  # a probe whose connection was dropped is sent again, up to this many times in all
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,19 @@ class Server:
         return " ".join(f"q{self._rng.randrange(10**6):06d}" for _ in range(max(1, words)))
 
     async def complete(self, text: str, output_tokens: int) -> tuple[int, int, float]:
-        """One chat request: (prompt tokens, output tokens, seconds)."""
+        """One chat request: (prompt tokens, output tokens, seconds). A request whose connection the server drops
+        (as a swamped server on a loaded machine does) is sent again, and timed again."""
         body = {"model": self.model, "messages": [{"role": "user", "content": text}], "max_tokens": output_tokens,
                 "ignore_eos": True, "temperature": 0.0, **self.extra}
-        t0 = time.perf_counter()
-        response = await self.http.post("/v1/chat/completions", json=body)
+        for attempt in range(_SENDS):
+            t0 = time.perf_counter()
+            try:
+                response = await self.http.post("/v1/chat/completions", json=body)
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                if attempt == _SENDS - 1:
+                    raise
+                continue
+            break
         seconds = time.perf_counter() - t0
         if response.status_code != 200:
             raise SystemExit(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")

@@ -71,7 +71,7 @@ CPU_STEP_S_MEASURED = 45.0  # the main run's lenient arm, both arms at once on 2
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two GRPO steps per arm of one group of 2, one seed, "
-                        "two tasks, 10 SFT steps: every stage, in a few minutes")  # fmt: skip
+                        "two tasks, 4 SFT steps: every stage, on a fixed small amount of work")  # fmt: skip
     parser.add_argument("--output", type=Path, help="where everything goes (default runs/strict-vs-lenient[-quick])")
     parser.add_argument("--figure", type=Path, help="the PNG (default: figure.png in --output)")
     parser.add_argument("--tasks", nargs="+", default=TASKS, help="shipped tasks (demonstrations and GRPO)")
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.set_defaults(**GPU_RECIPE)
     args = parser.parse_args(argv)
     if args.quick:  # every stage runs; the numbers mean nothing
-        args.tasks, args.seeds, args.steps, args.sft_steps, args.eval_rollouts = args.tasks[:2], 1, 2, 10, 1
+        args.tasks, args.seeds, args.steps, args.sft_steps, args.eval_rollouts = args.tasks[:2], 1, 2, 4, 1
         args.group_size, args.groups_per_step, args.max_turns, args.max_turn_tokens = 2, 1, 3, 128
     args.rl_tasks = args.rl_tasks or args.tasks
     args.output = args.output or Path("runs") / ("strict-vs-lenient-quick" if args.quick else "strict-vs-lenient")

@@ -1,12 +1,13 @@
 """Real vLLM replicas on this machine's CPU for the engine benchmarks, and what their ``/metrics`` say during a run.
 
 The model is :mod:`terminus_env.tiny_model`'s random Qwen2 (float32, two layers, one KV head of 64: 1,024 KV bytes per
-token). It decodes thousands of tokens a second on one core, so what limits a replica is its KV pool, which vLLM's
-block-count override (``--num-gpu-blocks-override``) sets small enough that an agentic workload's working set exceeds
-it several times. Each replica is started by ``terminus-env serve --device cpu`` (one core each, whole prefills,
-development endpoints for ``/reset_prefix_cache``) with vLLM's FLOP estimate on (``--enable-mfu-metrics``): vLLM 0.32
-counts prompt tokens and prefix-cache lookups only at a request's first admission, so the estimate, which prices every
-scheduled token, is its only counter that sees the work a preempted request does again.
+token; ``bench/engines.py quick`` cuts it to one layer, 512 bytes, which decodes half again as fast). It decodes
+thousands of tokens a second on one core, so what limits a replica is its KV pool, which vLLM's block-count override
+(``--num-gpu-blocks-override``) sets small enough that an agentic workload's working set exceeds it several times. Each
+replica is started by ``terminus-env serve --device cpu`` (one core each, whole prefills, development endpoints for
+``/reset_prefix_cache``) with vLLM's FLOP estimate on (``--enable-mfu-metrics``): vLLM 0.32 counts prompt tokens and
+prefix-cache lookups only at a request's first admission, so the estimate, which prices every scheduled token, is its
+only counter that sees the work a preempted request does again.
 
 :class:`EngineShape` holds the settings a replica runs with, for vLLM and for the simulated replica that stands for it
 (:meth:`EngineShape.sim_config`). Workloads are spoken in :func:`one_token_words`, so that a plan's token counts and
@@ -32,6 +33,7 @@ from terminus_env.serving.serve_process import ServeProcess, free_ports
 from terminus_env.serving.sim.engine import SimConfig
 
 MODEL_NAME = "tiny"
+MODEL_LAYERS = 2  # the tiny model's own
 SIM_TIME_SCALE = 1.0  # the simulated replicas keep real time: under this machine's load a faster clock ran behind
 START_TIMEOUT_S = 900.0
 IDLE_TIMEOUT_S = 120.0
@@ -71,12 +73,12 @@ class EngineShape:
                                    max_num_batched_tokens=self.max_num_batched_tokens, enable_chunked_prefill=False)
 
 
-def make_model(directory: Path) -> Path:
-    """The tiny model, made once per folder (a few seconds)."""
-    from terminus_env.tiny_model import save_tiny_model
+def make_model(directory: Path, layers: int = MODEL_LAYERS) -> Path:
+    """The tiny model with ``layers`` layers, made once per folder (a few seconds)."""
+    from terminus_env.tiny_model import TinyModelConfig, save_tiny_model
 
     if not (directory / "config.json").exists():
-        save_tiny_model(directory)
+        save_tiny_model(directory, config=TinyModelConfig(num_hidden_layers=layers))
     return directory
 
 
@@ -110,7 +112,7 @@ class Fleet:
     word_ids: tuple[int, ...]
     blocks: int  # num_gpu_blocks as the engine reports it
     kv: KvCheck
-    startup_s: float
+    startup_s: float  # 0 for replicas the run found running
 
     @property
     def extra(self) -> dict:
@@ -118,19 +120,38 @@ class Fleet:
         return {"allowed_token_ids": list(self.word_ids)}
 
 
-def start_fleet(work: Path, shape: EngineShape) -> tuple[ServeProcess, Fleet]:
+def start_fleet(work: Path, shape: EngineShape, layers: int = MODEL_LAYERS) -> tuple[ServeProcess, Fleet]:
     """The tiny model made under ``work``, its replicas started; stop the ``ServeProcess`` when done."""
-    model_dir = make_model(work / "model")
+    model_dir = make_model(work / f"model-{layers}-layers", layers)
     words, ids = one_token_words(model_dir)
     served = serve(model_dir, shape, work / "logs-vllm")
     try:
         url = served.urls[0]
         fleet = Fleet(model_dir, shape, tuple(served.urls), words, ids, int(cache_config(url)["num_gpu_blocks"]),
-                      kv_check(model_dir, served, url), served.startup_s)
+                      kv_check(model_dir, served.log_dir, url), served.startup_s)
     except BaseException:
         served.stop()
         raise
     return served, fleet
+
+
+def attach_fleet(urls: Sequence[str], log_dir: Path, shape: EngineShape) -> Fleet:
+    """Replicas already running, as :func:`serve` starts them (``log_dir`` their ``serve --log-dir``): checked against
+    ``shape``, and left running. Their model is the folder they serve (``/v1/models``' root)."""
+    card = httpx.get(f"{urls[0]}/v1/models", timeout=30).json()["data"][0]
+    labels = cache_config(urls[0])
+    found = {"replicas": len(urls), "num_blocks": int(labels["num_gpu_blocks"]),
+             "block_size": int(labels["block_size"]), "max_model_len": int(card["max_model_len"])}  # fmt: skip
+    wrong = {name: value for name, value in found.items() if value != getattr(shape, name)}
+    if wrong:
+        raise ValueError(f"replicas {list(urls)} are not in the benchmark's shape: {wrong}; start them with "
+                         f"EngineShape.engine_args() and --max-num-seqs {shape.max_num_seqs}")  # fmt: skip
+    if "vllm:estimated_flops_per_gpu_total" not in httpx.get(f"{urls[0]}/metrics", timeout=30).text:
+        raise ValueError(f"{urls[0]} has no FLOP estimate: start it with --enable-mfu-metrics")
+    model_dir = Path(card["root"])
+    words, ids = one_token_words(model_dir)
+    return Fleet(model_dir, shape, tuple(urls), words, ids, found["num_blocks"], kv_check(model_dir, log_dir, urls[0]),
+                 0.0)  # fmt: skip
 
 
 def serve(model_dir: Path, shape: EngineShape, log_dir: Path) -> ServeProcess:
@@ -156,11 +177,12 @@ class KvCheck:
         return self.kv_memory_bytes / (self.profiled_blocks * self.block_size)
 
 
-def kv_check(model_dir: Path, served: ServeProcess, url: str) -> KvCheck:
-    log = (served.log_dir / "replica-0.log").read_text(errors="replace")
+def kv_check(model_dir: Path, log_dir: Path, url: str) -> KvCheck:
+    """``log_dir``: the replicas' logs (``serve --log-dir``), where vLLM says how many blocks it cut its memory into."""
+    log = (log_dir / "replica-0.log").read_text(errors="replace")
     match = _OVERRIDE_LINE.search(log)
     if match is None:
-        raise RuntimeError(f"no 'Overriding num_gpu_blocks=' line in {served.log_dir / 'replica-0.log'}")
+        raise RuntimeError(f"no 'Overriding num_gpu_blocks=' line in {log_dir / 'replica-0.log'}")
     labels = cache_config(url)
     return KvCheck(kv_bytes_per_token(model_dir), int(labels["kv_cache_memory_bytes"]), int(match.group(1)),
                    int(labels["block_size"]))
@@ -279,7 +301,8 @@ class Load:
 
 class LoadSampler:
     """``with LoadSampler(urls) as s: ...; s.load()``: samples every replica's gauges in a thread of its own, so it runs
-    beside any event loop (``routing_http.run_row`` runs its own)."""
+    beside any event loop (``routing_http.run_row`` runs its own). A run shorter than one interval is sampled once as
+    it ends."""
 
     def __init__(self, urls: Sequence[str], interval_s: float = 0.5) -> None:
         self.urls = list(urls)
@@ -295,20 +318,26 @@ class LoadSampler:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
+        if not self._rows:
+            with httpx.Client(timeout=10) as http:
+                self._sample(http)
 
     def _run(self) -> None:
-        from terminus_env.serving.metrics import combine, parse_metrics
-
         with httpx.Client(timeout=10) as http:
             while not self._stop.wait(self.interval_s):
-                row = []
-                try:
-                    for url in self.urls:
-                        m = combine(parse_metrics(http.get(f"{url}/metrics").text).values())
-                        row.append((m.kv_cache_usage, m.num_requests_running, m.num_requests_waiting))
-                except (httpx.HTTPError, ValueError):
-                    continue  # a missed sample; the run goes on
-                self._rows.append(row)
+                self._sample(http)
+
+    def _sample(self, http: httpx.Client) -> None:
+        from terminus_env.serving.metrics import combine, parse_metrics
+
+        row = []
+        try:
+            for url in self.urls:
+                m = combine(parse_metrics(http.get(f"{url}/metrics").text).values())
+                row.append((m.kv_cache_usage, m.num_requests_running, m.num_requests_waiting))
+        except (httpx.HTTPError, ValueError):
+            return  # a missed sample; the run goes on
+        self._rows.append(row)
 
     def load(self) -> Load:
         rows = self._rows

@@ -40,10 +40,14 @@ STEADY = WorkloadConfig(steps=1, batch_size=300, group_size=4, system_prompt_tok
 GROWING = dataclasses.replace(STEADY, steps=3, batch_size=120, growth_per_step=0.5)
 LIMITS = (4, 8, 16, 24, 32, 48, 64, 96, 128)
 QUICK_LIMITS = (4, 16, 64)
+# quick: a fixed amount of work per point, whatever the machine's speed. Shorter rollouts (median 2 turns of 24
+# tokens, 0.1 s tool waits), enough of them to keep the highest limit full until its window's count is reached.
+QUICK_STEADY = dataclasses.replace(STEADY, batch_size=24, turns_median=2.0, max_turns=6, output_tokens_median=24.0,
+                                   tool_wait_median_s=0.1)  # fmt: skip
+QUICK_WINDOW = Window.counted(warmup_rollouts=2, window_rollouts=6)
 KNEE_SHARE = 0.95  # the knee: the smallest limit reaching this share of the sweep's best throughput
 TRACE_SAMPLE = 128  # rollouts of the first phase whose traces set the formula's mean
 WARMUP_S, WINDOW_S = 15.0, 45.0
-QUICK_WARMUP_S, QUICK_WINDOW_S = 5.0, 10.0
 
 
 @dataclass(frozen=True)
@@ -247,24 +251,34 @@ class Plan:
 
 def prepare(fleet: Fleet, names: Sequence[str], limits: Sequence[int], quick: bool, warmup_s: float | None = None,
             window_s: float | None = None) -> Plan:
-    """The workloads in the fleet's words (quick: a quarter of the streams), their windows, and the formula's numbers
-    from the engine's reported blocks and the first phase's planned traces."""
-    warmup = warmup_s if warmup_s is not None else QUICK_WARMUP_S if quick else WARMUP_S
-    window = window_s if window_s is not None else QUICK_WINDOW_S if quick else WINDOW_S
-    configs = {"steady": STEADY, "growing": GROWING}
-    if quick:
-        configs = {k: dataclasses.replace(v, batch_size=v.batch_size // 4) for k, v in configs.items()}
+    """The workloads in the fleet's words, their windows, and the formula's numbers from the engine's reported blocks
+    and the first phase's planned traces. Quick: the steady stream only, cut down (``QUICK_STEADY``), each point
+    counted in rollouts (``QUICK_WINDOW``) unless a warm-up or a window in seconds is given."""
+    counted = quick and warmup_s is None and window_s is None
+    warmup = warmup_s if warmup_s is not None else WARMUP_S
+    window = window_s if window_s is not None else WINDOW_S
+    configs = {"steady": QUICK_STEADY} if quick else {"steady": STEADY, "growing": GROWING}
+    if set(names) - set(configs):
+        raise ValueError(f"no workload {sorted(set(names) - set(configs))} in this mode; it has {sorted(configs)}")
     chats, windows, formulas, last = {}, {}, {}, {}
     pipeline_cap = max(limits)
     for name in names:
         config = configs[name]
         chats[name] = chat_rollouts(make_workload(config), config.system_prompt_tokens, fleet.words)
-        phase_s = (warmup + window) / config.steps if config.steps > 1 else 0.0
-        windows[name] = Window(warmup, window, phase_s)
+        if counted:
+            needed = pipeline_cap + QUICK_WINDOW.warmup_rollouts + QUICK_WINDOW.window_rollouts
+            if len(chats[name][0]) <= needed:
+                raise ValueError(f"{name}: {len(chats[name][0])} rollouts cannot keep {pipeline_cap} in flight "
+                                 f"through a window of {needed} finished")  # fmt: skip
+            windows[name] = QUICK_WINDOW
+        else:
+            phase_s = (warmup + window) / config.steps if config.steps > 1 else 0.0
+            windows[name] = Window(warmup, window, phase_s)
         traces = planned_traces(chats[name][0][:TRACE_SAMPLE], fleet.model_dir, fleet.shape.max_model_len)
         formulas[name] = formula(fleet.model_dir, fleet.shape, fleet.blocks, statistics.fmean(traces), pipeline_cap)
-        last[name] = statistics.fmean(planned_traces(chats[name][-1][:TRACE_SAMPLE], fleet.model_dir,
-                                                     fleet.shape.max_model_len))  # fmt: skip
+        if len(chats[name]) > 1:
+            traces = planned_traces(chats[name][-1][:TRACE_SAMPLE], fleet.model_dir, fleet.shape.max_model_len)
+        last[name] = statistics.fmean(traces)
     return Plan(tuple(names), tuple(limits), chats, windows, formulas, last)
 
 

@@ -67,7 +67,9 @@ ROWS = (
 WORKLOAD = WorkloadConfig(steps=3, batch_size=8, group_size=4, system_prompt_tokens=256, task_prompt_tokens_median=256,
                           turns_median=4.0, max_turns=16, output_tokens_median=48.0, tool_tokens_median=64.0,
                           max_tokens=512)  # fmt: skip
-QUICK_WORKLOAD = replace(WORKLOAD, steps=2, batch_size=3)
+# quick: every row's code path on a small fixed workload (two steps of 2 prompts x 4, median 2 turns of 24 tokens)
+QUICK_WORKLOAD = replace(WORKLOAD, steps=2, batch_size=2, turns_median=2.0, max_turns=6, output_tokens_median=24.0,
+                         tool_wait_median_s=0.1)  # fmt: skip
 ASYNC_STEPS = 2
 SEEDS = (0, 1, 2)
 

@@ -31,7 +31,8 @@ class ServeProcess:
     """``with ServeProcess(["--model", path, "--dp", "2"], log_dir) as served: served.urls``.
 
     ``args`` are ``terminus-env serve``'s (``--log-dir`` is added: each replica's log goes there, the
-    launcher's own messages to ``serve.err``); ``env`` adds variables for it and its replicas.
+    launcher's own messages to ``serve.err``); ``env`` adds variables for it and its replicas. ``timeout_s``
+    bounds the start: the launcher is given it as ``--startup-timeout`` (``args`` may set another).
     """
 
     def __init__(
@@ -41,7 +42,8 @@ class ServeProcess:
         self.urls: list[str] = []
         self.lines: list[str] = []  # what the launcher printed up to "ready"
         self.startup_s = 0.0
-        self._cmd = [sys.executable, "-m", "terminus_env.cli", "serve", "--log-dir", str(self.log_dir), *args]
+        self._cmd = [sys.executable, "-m", "terminus_env.cli", "serve", "--log-dir", str(self.log_dir),
+                     "--startup-timeout", str(timeout_s), *args]  # fmt: skip
         self._env = {**os.environ, **(env or {})}
         self._timeout_s = timeout_s
         self.proc: subprocess.Popen | None = None
@@ -75,11 +77,12 @@ class ServeProcess:
         return (self.log_dir / "serve.err").read_text()
 
     def replica_pid(self, index: int) -> int:
-        """Replica ``index``'s API server: the leader of its process group (vLLM names it in its log)."""
-        match = _API_SERVER_PID.search((self.log_dir / f"replica-{index}.log").read_text())
-        if match is None:
+        """Replica ``index``'s API server: the leader of its process group (vLLM names it in its log, which a restart
+        appends to: the last one named is the one running)."""
+        pids = _API_SERVER_PID.findall((self.log_dir / f"replica-{index}.log").read_text())
+        if not pids:
             raise ServeFailed(f"no 'APIServer pid=' line in {self.log_dir / f'replica-{index}.log'}")
-        return int(match.group(1))
+        return int(pids[-1])
 
     def stop(self, timeout_s: float = 90.0) -> None:
         """SIGTERM the launcher, which stops its replicas; wait until none answers."""

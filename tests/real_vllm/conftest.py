@@ -1,6 +1,9 @@
 """Fixtures of the real-vLLM tests: the tiny model, and real replicas started by ``terminus-env serve``.
 
-These tests run in ``.venv-vllm`` (``make test-vllm``). vLLM missing there is a failure, never a skip.
+These tests run in ``.venv-vllm`` (``make test-vllm``). vLLM missing there is a failure, never a skip. A replica's start
+is most of what a test here costs, so fleets are shared: ``fleet`` by every test that leaves its replicas as it found
+them (and by the engine benchmark's quick run), ``small_fleet`` by the tests that kill, break and restart replicas,
+fill a small context or overflow a small KV cache.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ if not _vllm_installed():
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+    from vllm_support import MODEL  # after the check above: it imports torch
+
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny", config=MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -57,13 +62,43 @@ def replica_logs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fleet(model_dir, replica_logs):
-    """Two replicas on the CPU, one core each, started once for the session."""
+    """Two replicas on the CPU, one core each, started once for the session, in ``bench/engines.py``'s engine shape
+    (context 4,096 tokens, 384 KV blocks of 32 each, whole prefills, vLLM's FLOP estimate on), so that its quick run
+    (``test_engine_bench.py``) measures them instead of starting its own."""
+    from routing_lab.engines import EngineShape
     from vllm_support import launch  # after the check above: it imports torch
 
-    fleet = launch(model_dir, replica_logs("fleet-logs"), dp=2, engine_args=("--max-model-len", "8192"))
-    print(f"\nterminus-env serve --dp 2: ready in {fleet.startup_s:.1f}s")
+    shape = EngineShape()
+    fleet = launch(model_dir, replica_logs("fleet-logs"), dp=shape.replicas, engine_args=tuple(shape.engine_args()),
+                   serve_args=("--max-num-seqs", str(shape.max_num_seqs)), base_args=())  # fmt: skip
+    print(f"\nterminus-env serve --dp {shape.replicas}: ready in {fleet.startup_s:.1f}s")
     yield fleet
     fleet.stop()
+
+
+@pytest.fixture(scope="session")
+def small_fleet_process(model_dir, replica_logs):
+    """Two replicas with a small context (``SMALL_CONTEXT``) and a small KV cache (``SMALL_KV_BLOCKS`` blocks of 32
+    tokens), told to chunk prefills (the user's choice after ``--``) with a small step budget (``SPLIT_BUDGET``): a
+    seeded long prompt kills one. Tests take them through ``small_fleet``."""
+    from vllm_support import SMALL_CONTEXT, SMALL_KV_BLOCKS, SPLIT_BUDGET, launch
+
+    args = ("--max-model-len", str(SMALL_CONTEXT), "--num-gpu-blocks-override", str(SMALL_KV_BLOCKS), "--block-size",
+            "32", "--enable-chunked-prefill", "--max-num-batched-tokens", str(SPLIT_BUDGET))  # fmt: skip
+    fleet = launch(model_dir, replica_logs("small-fleet"), dp=2, engine_args=args, serve_args=("--max-num-seqs", "8"))
+    print(f"\nterminus-env serve --dp 2 (context {SMALL_CONTEXT}): ready in {fleet.startup_s:.1f}s")
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture
+def small_fleet(small_fleet_process):
+    """The small fleet once every replica answers: the tests that use it kill, break and restart replicas, and one
+    restarted by an earlier test may still be starting (its launcher brings it back)."""
+    from vllm_support import wait_serving
+
+    wait_serving(small_fleet_process)
+    return small_fleet_process
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,6 +1,7 @@
 """``bench/engines.py quick`` on real vLLM replicas: the knee's sweep and the placement table come out whole, from
-counters the engines and the simulator standing for them really kept. It asserts what holds whatever the machine's
-load (every row present, the counters read and consistent), never a timing."""
+counters the engines and the simulator standing for them really kept. The quick mode does a fixed amount of work (its
+points count finished rollouts), so it asserts what holds whatever the machine's speed and load (every row present,
+the counters read and consistent), never a timing."""
 
 from __future__ import annotations
 
@@ -9,26 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from routing_lab import placement  # noqa: E402  (the benchmark's own modules live in bench/)
 
-TIMEOUT_S = 1800
+TIMEOUT_S = 1200  # only to stop a hang: the quick run takes a few minutes on the shared 2-core machine
 
 
-def test_the_quick_engine_benchmark_fills_every_row_from_the_engines_counters(tmp_path: Path) -> None:
+@pytest.mark.timeout(TIMEOUT_S + 120)
+def test_the_quick_engine_benchmark_fills_every_row_from_the_engines_counters(fleet, tmp_path: Path) -> None:
+    """On the session's replicas, which run in the benchmark's engine shape (the benchmark checks it)."""
     out, figure = tmp_path / "engines.json", tmp_path / "knee.png"
+    replicas = [arg for url in fleet.urls for arg in ("--replica-url", url)]
     run = subprocess.run([sys.executable, str(BENCH / "engines.py"), "quick", "--json", str(out), "--figure",
-                          str(figure), "--logs", str(tmp_path / "work")], capture_output=True, text=True,
-                         timeout=TIMEOUT_S)  # fmt: skip
+                          str(figure), "--logs", str(tmp_path / "work"), *replicas, "--replica-logs",
+                          str(fleet.log_dir)], capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
     print(run.stdout[-6000:])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "bench/engines.py quick: " in run.stdout  # its own wall time, in the log
     data = json.loads(out.read_text())
 
     # The formula's KV bytes per token (the model's config) is what vLLM made of its KV memory.
     kv = data["kv_check"]
-    assert kv["config_bytes_per_token"] == kv["vllm_bytes_per_token"] == 1024
+    assert kv["config_bytes_per_token"] == kv["vllm_bytes_per_token"] == 512  # the tests' one-layer model
 
     knee = data["knee"]["workloads"]["steady"]
     cap = knee["formula"]["cap"]
@@ -46,7 +53,9 @@ def test_the_quick_engine_benchmark_fills_every_row_from_the_engines_counters(tm
     assert isinstance(knee["engine_knee"], int) and isinstance(knee["sim_knee"], int)
     for p in knee["engine"]:  # vLLM's own step figures, which the simulator's shared-host curves come from
         c = p["counters"]
-        assert c["steps"] > 0 and 0 < c["itl_count"] <= c["generation_tokens"] and c["itl_s"] > 0, p["label"]
+        # (No bound of itl_count by generation_tokens: over a window of a few seconds vLLM counted more intervals than
+        # tokens once, at load 40-60.)
+        assert c["steps"] > 0 and c["itl_count"] > 0 and c["itl_s"] > 0, p["label"]
         assert 0 < c["inference_s"] < c["e2e_s"] and p["client_requests"] > 0 and p["client_s"] > 0, p["label"]
     shared = data["calibration"]["contention"]
     assert [p["limit"] for p in shared] == [4, 16, 64]

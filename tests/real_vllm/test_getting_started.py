@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from vllm_support import expected_logprobs
+from vllm_support import START_TIMEOUT_S, expected_logprobs
 
 from terminus_env.cli import main as cli_main
 from terminus_env.serving import ReplicaClient
@@ -33,7 +33,10 @@ from terminus_env.step_log import read_step_log
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "getting-started.md"
 SECTION = "## From a clone to GRPO on a CPU-only machine"
-START_TIMEOUT_S = 600
+# Each command's bound, only to stop a hang (on the shared 2-core machine the model takes seconds, the eval under a
+# minute and the two GRPO steps one or two); pytest-timeout's is above their sum and the replicas' start.
+MODEL_TIMEOUT_S, EVAL_TIMEOUT_S, TRAIN_TIMEOUT_S, STOP_TIMEOUT_S = 120, 300, 600, 120
+PAGE_TIMEOUT_S = MODEL_TIMEOUT_S + int(START_TIMEOUT_S) + EVAL_TIMEOUT_S + TRAIN_TIMEOUT_S + STOP_TIMEOUT_S + 60
 
 
 def blocks() -> list[list[str]]:
@@ -57,6 +60,7 @@ def test_the_pages_install_lines_are_what_make_test_vllm_installs():
 
 
 @pytest.mark.usefixtures("docker_required")
+@pytest.mark.timeout(PAGE_TIMEOUT_S)
 def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
     first, second = blocks()
     make_model, serve = first[4], first[5]
@@ -76,7 +80,7 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
         assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done
 
-    run(make_model, 300)
+    run(make_model, MODEL_TIMEOUT_S)
     logs = replica_logs("getting-started")
     serve_line = serve.replace(" serve ", f" serve --port {port} --log-dir {shlex.quote(str(logs))} ", 1)
     launcher = subprocess.Popen(["bash", "-c", f"exec env {serve_line}"], cwd=clone, env=env, stdout=subprocess.PIPE,
@@ -86,10 +90,11 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
         assert printed[-1] == (f"evaluate with: terminus-env eval --model tiny --base-url http://127.0.0.1:{port} "
                                f"--base-url http://127.0.0.1:{port + 1}")  # fmt: skip
         assert [line.endswith(f"seed {i})") for i, line in enumerate(printed[1:3])] == [True, True]
-        evaluated = run(moved(evaluate) + f" --output {tmp_path / 'eval.jsonl'} --jobs-dir {tmp_path / 'jobs'}", 900)
+        evaluated = run(moved(evaluate) + f" --output {tmp_path / 'eval.jsonl'} --jobs-dir {tmp_path / 'jobs'}",
+                        EVAL_TIMEOUT_S)
         assert re.search(r"end reasons: (format_error|context_limit) 1", evaluated.stdout), evaluated.stdout[-2000:]
         out = tmp_path / "grpo"
-        trained = run(moved(train) + f" --output {out} --json {tmp_path / 'grpo.json'}", 1500)
+        trained = run(moved(train) + f" --output {out} --json {tmp_path / 'grpo.json'}", TRAIN_TIMEOUT_S)
         print("\n" + "\n".join(trained.stdout.splitlines()[-3:]))
         urls = [f"http://127.0.0.1:{port + i}" for i in (0, 1)]
         check_training(json.loads((tmp_path / "grpo.json").read_text()), urls)
@@ -97,7 +102,7 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
         check_replicas_serve(out / "checkpoints" / "step-2", clone / "tiny", port)
     finally:
         launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=120)
+        launcher.wait(timeout=STOP_TIMEOUT_S)
         launcher.stdout.close()
 
 

@@ -38,7 +38,8 @@ def shape(value):
 
 def stream_shapes(text: str) -> dict:
     """A server-sent event stream's chunks by kind (opening, token, last token, usage), the shape of each kind's
-    first, and how many chunks carried a token."""
+    first, and the token ids the chunks carried. (How many tokens a chunk carries is the server's pace: vLLM sends
+    the tokens of several steps in one chunk when its frontend falls behind the engine.)"""
     lines = [line for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
     chunks = [json.loads(line[6:]) for line in lines]
     assert text.rstrip().endswith("data: [DONE]")
@@ -47,9 +48,9 @@ def stream_shapes(text: str) -> dict:
     for i, chunk in enumerate(chunks):
         choices = chunk["choices"]
         kind = "usage" if not choices else "opening" if i == 0 else "last" if choices[0]["finish_reason"] else "token"
-        tokens += kind in ("token", "last")
+        tokens += sum(len(choice.get("token_ids") or ()) for choice in choices)
         kinds.setdefault(kind, shape(chunk))
-    return {**kinds, "token chunks": tokens}
+    return {**kinds, "tokens": tokens}
 
 
 def families(text: str) -> dict[str, list[str]]:
@@ -88,15 +89,26 @@ async def observe(url: str) -> dict:
     }
 
 
+def fleet_context(fleet) -> int:
+    return httpx.get(f"{fleet.urls[0]}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+
+
 def test_the_simulated_replica_answers_in_the_engines_shapes(fleet, tokenizer):
     async def main():
-        config = ServerConfig(model=MODEL_NAME, time_scale=0.0, engine=SimConfig(max_model_len=8192))
+        config = ServerConfig(model=MODEL_NAME, time_scale=0.0, engine=SimConfig(max_model_len=fleet_context(fleet)))
         async with SimServer(config, tokenizer=TemplateTokenizer(tokenizer)) as sim:
             return await observe(fleet.urls[0]), await observe(sim.url)
 
     real, sim = asyncio.run(main())
-    for key in ("chat", "bare chat", "stream", "stream_type", "too_long", "models"):
+    for key in ("chat", "bare chat", "stream_type", "too_long", "models"):
         assert sim[key] == real[key], f"{key}:\nsim  {sim[key]}\nreal {real[key]}"
+    # Every kind of chunk vLLM sent has the simulator's shape, and both streamed the five tokens; vLLM may send them
+    # in fewer chunks (and then no chunk of a token before the last), the simulator sends one a chunk.
+    streams = real["stream"], sim["stream"]
+    assert {"opening", "last", "usage", "tokens"} <= set(streams[0]) <= set(streams[1]), streams
+    for kind in streams[0]:
+        assert streams[1][kind] == streams[0][kind], f"stream {kind}:\nsim  {streams[1][kind]}\nreal {streams[0][kind]}"
+    assert streams[0]["tokens"] == 5 and "token" in streams[1]
     own = {name for name in sim["metrics"] if name.startswith("terminus_sim:")}  # the simulator's diagnostics
     missing = {n: labels for n, labels in sim["metrics"].items() if n not in own and real["metrics"].get(n) != labels}
     assert not missing, f"metric families the simulator exposes otherwise than vLLM: {missing}"

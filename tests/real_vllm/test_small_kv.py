@@ -1,5 +1,5 @@
-"""Two real replicas with a tiny KV cache (24 blocks of 32 tokens), each from its own ``terminus-env serve``: vLLM
-preempts when requests outgrow it, and the pool fails over when one replica is killed between turns."""
+"""The small fleet's tiny KV cache (``SMALL_KV_BLOCKS`` blocks of 32 tokens a replica): vLLM preempts when requests
+outgrow it, and the pool fails over when one replica is killed between turns while the other serves on."""
 
 from __future__ import annotations
 
@@ -9,47 +9,38 @@ import signal
 import time
 
 import pytest
-from vllm_support import MODEL_NAME, launch
+from vllm_support import MODEL_NAME, SMALL_KV_BLOCKS, TEST_TIMEOUT_S
 
 from terminus_env.serving import ReplicaClient, ServingPool
 
-SMALL_KV = ("--num-gpu-blocks-override", "24", "--block-size", "32", "--max-model-len", "512")
+# A fleet's start and a restarted replica's return may come before a test's own work (vllm_support).
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
+REQUESTS, OUTPUT = 8, 400  # each request needs 13 blocks by its end: 8 of them need twice what a replica holds
 
 
-@pytest.fixture(scope="module")
-def pair(model_dir, tmp_path_factory):
-    fleets = []
-    try:
-        for i in range(2):  # separate launchers: killing one replica must not stop the other
-            fleets.append(launch(model_dir, tmp_path_factory.mktemp(f"small-{i}"), dp=1, engine_args=SMALL_KV))
-        yield fleets
-    finally:
-        for fleet in fleets:
-            fleet.stop()
-
-
-def test_requests_outgrowing_a_small_kv_cache_are_preempted_and_still_finish(pair):
-    url = pair[0].urls[0]
+def test_requests_outgrowing_a_small_kv_cache_are_preempted_and_still_finish(small_fleet):
+    url = small_fleet.urls[0]
 
     async def main():
         async with ReplicaClient(url) as client:
             before = (await client.metrics())["0"]
-            chats = [client.chat(MODEL_NAME, [{"role": "user", "content": f"count to {i}"}], max_tokens=400,
-                                 ignore_eos=True) for i in range(8)]  # fmt: skip
+            chats = [client.chat(MODEL_NAME, [{"role": "user", "content": f"count to {i}"}], max_tokens=OUTPUT,
+                                 ignore_eos=True) for i in range(REQUESTS)]  # fmt: skip
             done = await asyncio.gather(*chats)
             after = (await client.metrics())["0"]
         return before, done, after
 
     before, done, after = asyncio.run(main())
-    assert after.num_gpu_blocks == 24 and after.block_size == 32
-    assert all(c.completion_tokens == 400 and c.finish_reason == "length" for c in done)
-    assert after.num_preemptions_total > before.num_preemptions_total  # 8 × 14 blocks wanted, 23 usable
+    assert after.num_gpu_blocks == SMALL_KV_BLOCKS and after.block_size == 32
+    assert all(c.completion_tokens == OUTPUT and c.finish_reason == "length" for c in done)
+    assert after.num_preemptions_total > before.num_preemptions_total
 
 
-def test_the_pool_fails_over_when_a_replica_is_killed_between_turns(pair):
+def test_the_pool_fails_over_when_a_replica_is_killed_between_turns(small_fleet):
     """Killed while none of its requests is in flight, the victim's sessions' next turns cannot connect (they never
-    reached an engine), so they move to the survivor and every session finishes; its launcher starts it again."""
-    survivor, victim = pair[0].urls[0], pair[1].urls[0]
+    reached an engine), so they move to the survivor and every session finishes; the launcher starts it again."""
+    survivor, victim = small_fleet.urls
+    launcher_seen = len(small_fleet.launcher_log())
     first_turns = []
     all_started, killed = asyncio.Event(), asyncio.Event()
 
@@ -61,7 +52,7 @@ def test_the_pool_fails_over_when_a_replica_is_killed_between_turns(pair):
                 if turn == 1:
                     if i == 0:
                         await all_started.wait()  # every session has a replica and a finished turn, none in flight
-                        os.killpg(pair[1].replica_pid(0), signal.SIGKILL)  # the victim's whole process group
+                        os.killpg(small_fleet.replica_pid(1), signal.SIGKILL)  # the victim's whole process group
                         # Gone before the next turns go out: a request written to a server as it dies reads as one
                         # that reached its engine (the pool then never replays it), which is another test's case.
                         async with ReplicaClient(victim) as probe:
@@ -92,7 +83,8 @@ def test_the_pool_fails_over_when_a_replica_is_killed_between_turns(pair):
     assert sum(s[0] == victim for s in served) == 2  # two sessions lived on the victim before the kill
     assert all(s[1:] == [survivor] * 3 for s in served)  # and every session finished, on the survivor
     deadline = time.monotonic() + 30  # the launcher looks twice a second
-    while "starting it again (1 of 3)" not in pair[1].launcher_log() and time.monotonic() < deadline:
+    while "; starting it again (" not in small_fleet.launcher_log()[launcher_seen:] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert "exited with code" in pair[1].launcher_log() and "starting it again (1 of 3)" in pair[1].launcher_log()
-    assert pair[1].proc.poll() is None  # its launcher lives on with the replica started again
+    said = small_fleet.launcher_log()[launcher_seen:]  # what the launcher said since the test began
+    assert f"replica 1 ({victim}) exited with code" in said and "; starting it again (" in said
+    assert small_fleet.proc.poll() is None  # its launcher lives on, the survivor serving and the victim restarting

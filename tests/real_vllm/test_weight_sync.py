@@ -12,6 +12,17 @@ from terminus_env.serving import ReplicaClient, ServingPool
 from terminus_env.serving.weight_sync import CheckpointReload
 
 
+async def running_in_an_engine(urls: list[str], request: asyncio.Task) -> None:
+    """Until a replica's engine runs a request (vLLM's ``num_requests_running``): ``request``, the only one sent."""
+    while not request.done():
+        for url in urls:
+            async with ReplicaClient(url) as client:
+                if (await client.metrics())["0"].num_requests_running > 0:
+                    return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the request ended before any engine was seen running it: {request.result()}")
+
+
 def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):
     old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     new = perturbed(model_dir, tmp_path / "step-1")
@@ -26,7 +37,7 @@ def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versi
                 in_flight = asyncio.create_task(
                     pool.chat("long", [{"role": "user", "content": "go"}], max_tokens=1500, ignore_eos=True)
                 )
-                await asyncio.sleep(0.3)  # at the replica when the sync starts
+                await running_in_an_engine(fleet.urls, in_flight)  # at the replica when the sync starts
                 sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(tmp_path / "step-1")), version=1))
                 await asyncio.sleep(0)
                 async with pool.session("during"):  # held until the new weights are in
