@@ -55,6 +55,7 @@ def _verify(daemon, req):
     # before this moment has an older ctime (the kernel's coarse clock only ever lags), and the verifier starts
     # milliseconds later, after the folders, the tests and the freeze.
     window = time.time()
+    stages = Stages()
     before = limit_counters()
     verifier_root = "/proc/{}/root".format(daemon.verifier_init)
     for folder in daemon.private.values():
@@ -64,20 +65,26 @@ def _verify(daemon, req):
     tests = base64.b64decode(req["tests"])
     if tests:
         daemon.private["/tests"].unpack(tests)
+    stages.mark("folders")
     cleared = clear_bytecode(req.get("bytecode", ()), daemon.since)
     links = agents_links(daemon.since, req.get("links", ()))
+    stages.mark("bytecode_links")
     caches = FreshCaches()
     env = dict(caches.environment, **(req.get("env") or {}))
     frozen = FrozenRoot()
     try:
         watch = OpenWatch(daemon, window)
+        stages.mark("watch_setup")
         try:
             result = daemon.run(
                 ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=env,
                 cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain, wake=watch.fds,
             )  # fmt: skip
+            stages.mark("run")
             daemon.stop_verifier_leftovers(tick=watch.drain)
+            stages.mark("leftovers")
             watched = watch.finish(daemon, req.get("workdir") or "/")
+            stages.mark("watch_finish")
             watched["links"], watched["watch"]["bytecode_cleared"] = links, cleared
             watch.check_rewards(daemon.private["/logs/verifier"].fd)
             watched["watch"]["runner_signal"] = result.pop("signal")
@@ -99,8 +106,23 @@ def _verify(daemon, req):
             result["refused"][path] = str(exc)
     after = limit_counters()
     result["limits_hit"] = sorted(limit for limit, count in after.items() if count > before.get(limit, count))
+    stages.mark("read")
     result.update(watched)
+    result["stages"] = stages.spent
     return result
+
+
+class Stages:
+    """Seconds each stage of a verifier run took, in order (the host prints them: where grading's time goes)."""
+
+    def __init__(self):
+        self.last = time.monotonic()
+        self.spent = {}
+
+    def mark(self, name):
+        now = time.monotonic()
+        self.spent[name] = now - self.last
+        self.last = now
 
 
 CACHE_PARENT = "/tmp"
