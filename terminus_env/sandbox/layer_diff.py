@@ -61,6 +61,8 @@ class LayerDiff:
     paths that are asked (``kind``)."""
 
     paths: tuple[str, ...]
+    links: tuple[str, ...] = ()
+    """The paths that are links (where Docker made the diff, every path: the daemon tells which are links)."""
     folders: LayerFolders | None = None
     kinds: Mapping[str, Change] = field(default_factory=dict)
     """Docker's answer, where Docker made the diff."""
@@ -93,7 +95,8 @@ def layer_diff(client: docker.DockerClient, container_id: str, folders: LayerFol
     entries, or Docker's diff fails while Docker answers everything else), ``SandboxError`` when Docker fails."""
     if folders is not None:
         try:
-            return LayerDiff(tuple(walk_upper(folders.upper)), folders)
+            listed = list(walk_upper(folders.upper))
+            return LayerDiff(tuple(path for path, _ in listed), tuple(path for path, link in listed if link), folders)
         except FileNotFoundError as exc:
             raise SandboxError(f"the writable layer of sandbox {container_id[:12]} is gone: {exc}") from exc
     kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
@@ -107,16 +110,17 @@ def layer_diff(client: docker.DockerClient, container_id: str, folders: LayerFol
         # Docker answers, and the container is there: what stopped its diff is in the layer the agent wrote.
         raise BrokenByAgent(f"Docker could not list the sandbox's writable layer ({exc}): the agent's files stop "
                             "the grade from inspecting the container") from exc  # fmt: skip
-    return LayerDiff(tuple(entry["Path"] for entry in listed), None,
-                     {entry["Path"]: kinds[entry["Kind"]] for entry in listed})  # fmt: skip
+    paths = tuple(entry["Path"] for entry in listed)
+    return LayerDiff(paths, paths, None, {entry["Path"]: kinds[entry["Kind"]] for entry in listed})
 
 
-def walk_upper(upper: str) -> Iterable[str]:
-    """Every path in the writable layer, as the container names it (whiteouts included: deleted paths), through
+def walk_upper(upper: str) -> Iterable[tuple[str, bool]]:
+    """Every path in the writable layer as the container names it (whiteouts included: deleted paths), and whether
+    it is a link, through
     descriptors, depth first with one open folder per level: no recursion, no path length limit. Raises
     ``BrokenByAgent`` past MAX_ENTRIES entries."""
     root = os.open(upper, _DIR)
-    stack: list[tuple[int, str, Iterator[tuple[str, bool]]]] = []
+    stack: list[tuple[int, str, Iterator[tuple[str, bool, bool]]]] = []
     try:
         stack.append((root, "", iter(_listing(root))))
     except BaseException:
@@ -131,13 +135,13 @@ def walk_upper(upper: str) -> Iterable[str]:
                 os.close(fd)
                 stack.pop()
                 continue
-            name, is_dir = entry
+            name, is_dir, is_link = entry
             seen += 1
             if seen > MAX_ENTRIES:
                 raise BrokenByAgent(f"the sandbox's writable layer holds more than {MAX_ENTRIES:,} entries: the "
                                     "agent's files stop the grade from inspecting the container")  # fmt: skip
             path = f"{prefix}/{name}"
-            yield path
+            yield path, is_link
             if not is_dir or len(stack) > MAX_DEPTH:
                 continue
             try:
@@ -156,9 +160,9 @@ def walk_upper(upper: str) -> Iterable[str]:
             os.close(fd)
 
 
-def _listing(fd: int) -> list[tuple[str, bool]]:
+def _listing(fd: int) -> list[tuple[str, bool, bool]]:
     with os.scandir(fd) as entries:
-        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        return [(entry.name, entry.is_dir(follow_symlinks=False), entry.is_symlink()) for entry in entries]
 
 
 def _kind(folders: LayerFolders, path: str) -> Change:

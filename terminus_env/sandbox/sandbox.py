@@ -44,7 +44,7 @@ from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
-from terminus_env.sandbox.tamper import Finding, WatchReport, is_bytecode, judge, link_candidates, queries
+from terminus_env.sandbox.tamper import Finding, WatchReport, is_bytecode, judge, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -183,7 +183,7 @@ class Sandbox:
         reply = await self._channel.request(
             "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
             user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
-            links=list(link_candidates(diff.paths, self.workdir)),
+            links=list(diff.links),
             bytecode=[path for path in diff.paths if is_bytecode(path)],
         )  # fmt: skip
         replied = time.monotonic()

@@ -73,7 +73,7 @@ def _verify(daemon, req):
     env = dict(caches.environment, **(req.get("env") or {}))
     frozen = FrozenRoot()
     try:
-        watch = OpenWatch(daemon, window)
+        watch = OpenWatch(daemon, window, links)
         stages.mark("watch_setup")
         try:
             result = daemon.run(
