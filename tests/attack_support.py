@@ -14,7 +14,7 @@ from terminus_env.rules import EndReason, Fault
 WRITE = "echo hello > /app/hello.txt\n"
 
 
-def reply(keystrokes: str = "", *, complete: bool = False, duration: float = 2.0) -> str:
+def reply(keystrokes: str = "", *, complete: bool = False, duration: float = 15.0) -> str:
     done = "<task_complete>true</task_complete>" if complete else ""
     return (
         "<response><analysis>Looking.</analysis><plan>Act.</plan>"

@@ -254,12 +254,10 @@ INSTALL_ANYIO = (
 )
 
 
-def test_a_pytest_plugin_an_installed_package_registers_is_masked_not_zeroed(tmp_path, wheels):
-    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does):
-    pytest loads anyio's plugin before the tests begin, exactly as it would a cheat's plugin. The episode can be
-    neither trusted nor blamed: it ends `unverifiable`, masked, instead of zeroing an honest solution."""
+def test_a_pytest_plugin_an_installed_package_registers_is_not_the_verifiers(tmp_path, wheels):
+    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does), which
+    registers a pytest plugin. The verifier's pytest does not see registrations the agent made (the agent may not
+    choose the runner's plugins), so it runs the tests without it, and the honest solution earns its reward."""
     task = make_task(tmp_path, "anyio-system", WHEELS_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS, wheels)
     _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
-    episode = info["episode"]
-    assert (reward, info["end_reason"], info["env_error"], episode["fault"]) == (0.0, "unverifiable", True, "none")
-    assert episode["tampering"] and not any(finding["certain"] for finding in episode["tampering"])
+    assert (reward, info["end_reason"], info["episode"]["tampering"]) == (1.0, "task_complete", ()), info["episode"]["error"]

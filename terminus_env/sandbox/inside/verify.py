@@ -3,12 +3,16 @@ held still (FrozenRoot) and what it opens watched (watch.py), then the files it 
 hit meanwhile."""
 
 import base64
+import contextlib
 import fcntl
+import io
 import os
 import stat
 import struct
+import tarfile
 import time
 
+from .plugins import HiddenPlugins
 from .private_folders import NotRegular, _b64, _empty_dir
 from .watch import OpenWatch, agents_links
 
@@ -69,30 +73,31 @@ def _verify(daemon, req):
     cleared = clear_bytecode(req.get("bytecode", ()), daemon.since)
     links = agents_links(daemon.since, req.get("links", ()))
     stages.mark("bytecode_links")
-    caches = FreshCaches()
-    env = dict(caches.environment, **(req.get("env") or {}))
-    frozen = FrozenRoot()
-    try:
-        watch = OpenWatch(daemon, window, links)
+    with contextlib.ExitStack() as cleanup:  # undone in reverse, whatever fails
+        caches = FreshCaches()
+        cleanup.callback(caches.remove)
+        env = dict(caches.environment, **(req.get("env") or {}))
+        hidden = HiddenPlugins(daemon, req.get("plugins", ()))
+        cleanup.callback(hidden.remove)
+        frozen = FrozenRoot()
+        cleanup.callback(frozen.thaw)
+        watch = OpenWatch(daemon, window, links, expects_tests(tests))
+        cleanup.callback(watch.close)
         stages.mark("watch_setup")
-        try:
-            result = daemon.run(
-                ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=env,
-                cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain, wake=watch.fds,
-            )  # fmt: skip
-            stages.mark("run")
-            daemon.stop_verifier_leftovers(tick=watch.drain)
-            stages.mark("leftovers")
-            watched = watch.finish(daemon, req.get("workdir") or "/")
-            stages.mark("watch_finish")
-            watched["links"], watched["watch"]["bytecode_cleared"] = links, cleared
-            watch.check_rewards(daemon.private["/logs/verifier"].fd)
-            watched["watch"]["runner_signal"] = result.pop("signal")
-        finally:
-            watch.close()
-    finally:
-        frozen.thaw()
-        caches.remove()
+        result = daemon.run(
+            ["bash", "-c", req["cmd"]], "verifier", req["timeout"], user=req.get("user"), env=env,
+            cwd=req.get("workdir"), max_output=req.get("max_output", 100000), tick=watch.drain, wake=watch.fds,
+        )  # fmt: skip
+        stages.mark("run")
+        daemon.stop_verifier_leftovers(tick=watch.drain)
+        stages.mark("leftovers")
+        watched = watch.finish(daemon, req.get("workdir") or "/")
+        stages.mark("watch_finish")
+        watched["links"], watched["watch"]["bytecode_cleared"] = links, cleared
+        watched["watch"]["plugins_hidden"] = [path for _, path, _ in hidden.covered]
+        watch.check_rewards(daemon.private["/logs/verifier"].fd)
+        watched["watch"]["runner_signal"] = result.pop("signal")
+    stages.mark("cleanup")
     for folder in daemon.private.values():
         folder.check()
         folder.check(verifier_root)
@@ -123,6 +128,29 @@ class Stages:
         now = time.monotonic()
         self.spent[name] = now - self.last
         self.last = now
+
+
+TEST_RUNNER_WORDS = (b"pytest", b"py.test")
+MAX_SCANNED_BYTES = 1 << 20
+
+
+def expects_tests(archive):
+    """Whether the verifier's tests (the tar the host sent) hold Python files or name a Python test runner: then a
+    run that never opened a test file never reached its tests. Only scripts that name no runner are tests of their
+    own. The tests are the task author's, never the agent's."""
+    if not archive:
+        return False
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tests:
+        for member in tests.getmembers():
+            if not member.isfile():
+                continue
+            if member.name.endswith(".py"):
+                return True
+            if member.size <= MAX_SCANNED_BYTES:
+                data = tests.extractfile(member).read()
+                if any(word in data for word in TEST_RUNNER_WORDS):
+                    return True
+    return False
 
 
 CACHE_PARENT = "/tmp"

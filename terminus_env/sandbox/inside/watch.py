@@ -9,6 +9,7 @@ import stat
 import struct
 import time
 
+from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
 from .kernel import _libc
 from .names import RUN_DIR, TESTS_FOLDER
 from .private_folders import _b64
@@ -31,8 +32,6 @@ HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decid
 _READ_HEADS = (".pth", "/entry_points.txt")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
 CODE_MAGIC = (b"\x7fELF", b"#!", b"PK\x03\x04")  # a program, a script, a zip Python imports from
-# Modules the installers' own .pth lines import at every start; judged by name on the host (tamper.py).
-_INSTALLER_HOOKS = ("__editable___", "_virtualenv.", "/_distutils_hack/")
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
                          "/usr/lib/*-linux-gnu*", "/usr/lib/python3*", "/usr/lib/python3*/*-packages",
@@ -61,8 +60,9 @@ class OpenWatch:
     cannot become the reward by a rename. The notices queued before that question are read first, so what a
     process ran is known before it asks."""
 
-    def __init__(self, daemon, window, links=()):
+    def __init__(self, daemon, window, links=(), expects_tests=True):
         self.daemon = daemon
+        self.expects_tests = expects_tests  # the tests hold Python files, or a script names a test runner
         self.groups = []
         self.window = window  # when the verifier's run began
         self.opened = {}  # (dev, ino) -> record
@@ -203,7 +203,11 @@ class OpenWatch:
         changed = info.st_ctime >= self.daemon.since or key in self.written["agent"] or key in self.written["tainted"]
         if changed and record.get("zip") is None:  # only what the agent may have provided is looked at so closely
             record["zip"] = _is_zip(fd, info.st_size)
-        if _is_code(record) and changed and not any(hook in record["path"] for hook in _INSTALLER_HOOKS):
+            if installer_hook_candidate(record["path"]):
+                record["proven"] = proven_installer_file(record["path"], _read_whole(fd, info.st_size))
+            if record["path"].endswith(".pth"):
+                record["pth_files"] = _pth_files(record["path"], record["head"])
+        if _is_code(record) and changed and not record.get("proven"):
             start = _start_time(pid)
             if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
                 self.ran_agents_code.setdefault((pid, start), []).append(key)
@@ -295,12 +299,13 @@ class OpenWatch:
 
     def boundary(self):
         """(order, how) where the tests began: every file first opened before ``order`` was opened by the runner
-        starting up. ``how`` says how it was told: ``tests`` (the first test file), ``runner`` (a test runner
-        started and no test file was ever opened: everything it did is its start, fail closed) or ``script`` (no
-        test runner and no test file: the test script is the test, and only the start-up rules apply)."""
+        starting up. ``how`` says how it was told: ``tests`` (the first test file), ``runner`` (the tests hold
+        Python files or name a test runner, or a runner started, and no test file was ever opened: everything was
+        its start, fail closed) or ``script`` (the tests are scripts that name no test runner, and none started:
+        the test script is the test, and only the rules that hold at any time apply)."""
         if self.tests_began_at is not None:
             return self.tests_began_at[0], "tests"
-        if self.runner_seen:
+        if self.runner_seen or self.expects_tests:
             return self.order + 1, "runner"
         return 0, "script"
 
@@ -323,7 +328,8 @@ class OpenWatch:
                 wide = record["path"].endswith(_READ_HEADS) or during
                 used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
                              "head": _b64(head) if wide else None, "during": during, "early": record["early"],
-                             "zip": bool(record.get("zip")), "tainted": key in self.written["tainted"]})  # fmt: skip
+                             "zip": bool(record.get("zip")), "proven": bool(record.get("proven")),
+                             "pth_files": record.get("pth_files", []), "tainted": key in self.written["tainted"]})
         early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
         if len(early_code) > MAX_EARLY_CODE:
             self.complete = False
@@ -380,6 +386,25 @@ def _is_zip(fd, size):
         return False
     tail = os.pread(fd, min(size, ZIP_TAIL), max(0, size - ZIP_TAIL))
     return ZIP_END in tail
+
+
+def _read_whole(fd, size):
+    """The whole file, if it is small enough to be an installer's (else None: not one)."""
+    return os.pread(fd, size, 0) if size <= MAX_PROVEN_BYTES else None
+
+
+def _pth_files(path, head):
+    """The files a ``.pth`` file's path lines put on Python's path: only a zip can be imported from a file, so each
+    is code Python may import at every start."""
+    folder, found = os.path.dirname(path), []
+    for line in (head or b"").decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "import ", "import\t")):
+            continue
+        target = os.path.join(folder, line)
+        if os.path.isfile(target):
+            found.append(target)
+    return found[:20]
 
 
 def _is_runner_file(path):
