@@ -26,6 +26,8 @@ MAX_ENTRIES = 2_000_000
 """Entries of a writable layer the walk reads before it gives up (the agent's doing: ``BrokenByAgent``)."""
 MAX_DEPTH = 256
 """Folders deeper than this in the writable layer are not listed: nothing a runtime looks up by name lies there."""
+MAX_TOUCHED = 200_000
+"""Changed paths (with the folders above them) sent to the daemon at most, for it to leave out of what it reuses."""
 _OPAQUE = "trusted.overlay.opaque"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -74,6 +76,19 @@ class LayerDiff:
 
     def __contains__(self, path: object) -> bool:
         return path in self._index
+
+    def touched(self, limit: int = MAX_TOUCHED) -> tuple[str, ...] | None:
+        """Every changed path and every folder above one, sorted; None past ``limit`` (too many to send: whoever
+        asks must then treat the whole layer as changed)."""
+        out = set(self.paths)
+        for path in self.paths:
+            parent = path.rsplit("/", 1)[0]
+            while parent and parent not in out:
+                out.add(parent)
+                parent = parent.rsplit("/", 1)[0]
+            if len(out) > limit:
+                return None
+        return tuple(sorted(out))
 
     def kinds_of(self, paths: Iterable[str]) -> dict[str, Change]:
         """How each of ``paths`` that the layer lists differs from the image."""

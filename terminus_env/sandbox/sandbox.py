@@ -185,7 +185,7 @@ class Sandbox:
             user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
             links=list(diff.links),
             bytecode=[path for path in diff.paths if is_bytecode(path)],
-            plugins=[path for path in diff.paths if path.endswith("/entry_points.txt")],
+            plugins=[path for path in diff.paths if path.endswith("/entry_points.txt")], changed=diff.touched(),
         )  # fmt: skip
         replied = time.monotonic()
         files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}

@@ -74,7 +74,8 @@ def _verify(daemon, req):
     links = agents_links(daemon.since, req.get("links", ()))
     stages.mark("bytecode_links")
     with contextlib.ExitStack() as cleanup:  # undone in reverse, whatever fails
-        caches = FreshCaches()
+        changed = req.get("changed")  # None: too many to say, so nothing of the container's caches is reused
+        caches = FreshCaches(req.get("env") or {}, None if changed is None else frozenset(changed))
         cleanup.callback(caches.remove)
         env = dict(caches.environment, **(req.get("env") or {}))
         hidden = HiddenPlugins(daemon, req.get("plugins", ()))
@@ -179,16 +180,24 @@ def clear_bytecode(paths, since):
 
 
 class FreshCaches:
-    """Empty caches for the verifier's package managers, one folder per run: uv links what it installs from its
-    cache, so with the agent's cache the verifier's own venv would be made of files the agent wrote (or changed),
-    and pip and uv would install what the agent put there. A task that sets these variables itself keeps its own.
-    Nothing here is trusted more for being fresh: the watch still judges every file by who wrote it."""
+    """Caches of the verifier's package managers of its own, one folder per run. uv links what it installs from its
+    cache, and pip and uv install what a cache holds: with the container's caches, the verifier's own environment
+    would be made of files the agent wrote (or changed, by that very link). A task that sets these variables itself
+    keeps its own.
+
+    uv's cache starts from the image's, as the image was built (an offline image fills it so that its verifier runs
+    without the network): each folder or file of it that the agent's side did not change (``changed``: the paths
+    Docker's diff or the layer's walk listed, with every folder above them) is linked in, what the agent changed is
+    left out, and uv copies from the cache rather than linking (a link would change the image's files). Nothing here
+    is trusted more for being fresh: the watch still judges every file by who wrote it."""
 
     VARIABLES = {"UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip"}
+    MAX_SEEDED = 100000  # links made into a seeded cache at most: past it, the rest of the image's cache is left out
 
-    def __init__(self):
+    def __init__(self, task_env=None, changed=None):
         self.path = None
         self.environment = {}
+        task_env = task_env or {}
         try:
             path = os.path.join(CACHE_PARENT, ".terminus-verifier-" + os.urandom(8).hex())
             os.mkdir(path)
@@ -196,7 +205,15 @@ class FreshCaches:
             os.chmod(path, 0o777)  # whatever user the verifier runs as (no name is resolved here: see credentials)
         except OSError:
             return  # no /tmp: the verifier runs with its own settings
-        self.environment = {name: os.path.join(self.path, sub) for name, sub in self.VARIABLES.items()}
+        self.environment = {name: os.path.join(self.path, sub) for name, sub in self.VARIABLES.items()
+                            if name not in task_env}  # fmt: skip
+        if "UV_CACHE_DIR" in self.environment:
+            if "UV_LINK_MODE" not in task_env:
+                self.environment["UV_LINK_MODE"] = "copy"
+            image_cache = os.environ.get("UV_CACHE_DIR") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or "/root/.cache", "uv")
+            if changed is not None:
+                _seed(image_cache, self.environment["UV_CACHE_DIR"], changed, self.MAX_SEEDED)
 
     def remove(self):
         if self.path is None:
@@ -210,6 +227,49 @@ class FreshCaches:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+def _seed(source, target, changed, budget):
+    """Link into ``target`` every folder and file of the cache ``source`` that the agent's side did not change: a
+    folder with no change below it as a whole, a changed folder entry by entry. Returns how many links were made."""
+    try:
+        if not stat.S_ISDIR(os.lstat(source).st_mode):
+            return 0  # none, or a link: not a cache the image was built with
+    except OSError:
+        return 0
+    made = 0
+    stack = [(source, target)]
+    while stack and made < budget:
+        folder, into = stack.pop()
+        try:
+            os.mkdir(into)
+            os.chmod(into, 0o777)  # the verifier's uv adds entries, whatever user it runs as
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name == ".lock" or made >= budget:
+                continue
+            path = os.path.join(folder, name)
+            if path in changed and not os.path.isdir(path):
+                continue  # the agent's file
+            if path in changed:
+                if not _is_link(path):
+                    stack.append((path, os.path.join(into, name)))  # a folder with changes below: entry by entry
+                continue
+            try:
+                os.symlink(path, os.path.join(into, name))
+                made += 1
+            except OSError:
+                continue
+    return made
+
+
+def _is_link(path):
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return True
 
 
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
