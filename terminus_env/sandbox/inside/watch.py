@@ -3,6 +3,7 @@ opened the reward, and the links changed in this container whose targets it open
 
 import ctypes
 import errno
+import fnmatch
 import glob
 import os
 import stat
@@ -78,6 +79,7 @@ class OpenWatch:
         self.tests_device = os.fstat(daemon.private[TESTS_FOLDER].fd).st_dev
         # Where the agent's links lead: a file reached by a link of the agent's never says that the tests began (a
         # start-up file Python reads, made a link to a test file, would otherwise say so).
+        self.links = list(links)
         self.link_targets = frozenset(link["target"] for link in links)
         self.link_folders = tuple(link["target"].rstrip("/") + "/" for link in links if link.get("folder"))
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
@@ -336,7 +338,8 @@ class OpenWatch:
         targets = {record["path"]: record for record in self.opened.values()}
         loaded = sorted(record["path"] for record in self.opened.values()
                         if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
-        return {"used": used, "relinked": _relinked(daemon.since, targets, workdir), "loaded": loaded,
+        relinked = _relinked(daemon.since, self.window, targets, workdir, self.links)
+        return {"used": used, "relinked": relinked, "loaded": loaded,
                 "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events,
                           "tests_began": self.tests_began_at[1] if self.tests_began_at else None, "phase": how,
                           "early_code": early_code[:MAX_EARLY_CODE],
@@ -430,13 +433,18 @@ def _mount_points(pid):
     return points
 
 
-def _relinked(since, opened, workdir):
+def _relinked(since, window, opened, workdir, links):
     """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
-    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder."""
-    found = []
-    patterns = LINK_DIRS + ("/", workdir)
-    for folder in sorted(set(os.path.realpath(path) for pattern in patterns for path in glob.glob(pattern))):
+    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder. Those
+    made before the run are ``links`` (the layer's, resolved when the run began); a folder is listed again only if it
+    changed while the verifier ran (a link made meanwhile)."""
+    found, seen = [], set()
+    candidates = [(link["path"], link["target"]) for link in links if not link.get("folder")]
+    for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS + ("/", workdir)
+                             for path in glob.glob(pattern))):  # fmt: skip
         try:
+            if os.stat(folder).st_ctime < window:
+                continue
             names = os.listdir(folder)
         except OSError:
             continue
@@ -444,16 +452,23 @@ def _relinked(since, opened, workdir):
             path = os.path.join(folder, name)
             try:
                 link = os.lstat(path)
-                if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
-                    continue
-                target = os.path.realpath(path)
+                if stat.S_ISLNK(link.st_mode) and link.st_ctime >= since:
+                    candidates.append((path, os.path.realpath(path)))
             except OSError:
                 continue
-            record = opened.get(target)
-            if record is not None:
-                found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
-                              "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
+    for path, target in candidates:
+        record = opened.get(target)
+        if record is None or path in seen or not _in_link_folder(path, workdir):
+            continue
+        seen.add(path)
+        found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
+                      "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
     return found
+
+
+def _in_link_folder(path, workdir):
+    folder = os.path.dirname(path)
+    return folder in ("/", workdir) or any(fnmatch.fnmatch(folder, pattern) for pattern in LINK_DIRS)
 
 
 def agents_links(since, paths):
