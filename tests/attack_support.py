@@ -51,7 +51,7 @@ def pytest_task_in(root, tiny_task_dir, tests: str = PYTEST_TESTS):
     return load_task(root)
 
 
-def cheat(task, *steps: str, mode: str = "train", wait: float = 2.0):
+def cheat(task, *steps: str, mode: str = "train", wait: float = 15.0):
     """Play an unsolved ``task``: run each step (keystrokes, each given up to ``wait`` seconds to finish), then
     confirm completion. Returns what the steps showed (all their observations, joined) and the final reward and
     info."""

@@ -196,7 +196,9 @@ def test_changing_the_verifiers_runtime_is_caught(pytest_task, attack):
     assert_caught(reward, info, kind)
 
 
-QUIET_PLUGIN = "printf 'import os\\ndef pytest_sessionfinish(session, exitstatus):\\n    os._exit(0)\\n' > $d/quiet_plugin.py"
+QUIET_PLUGIN = (
+    "printf 'import os\\ndef pytest_sessionfinish(session, exitstatus):\\n    os._exit(0)\\n' > $d/quiet_plugin.py"
+)
 PLUGIN_REGISTRATIONS = {
     # a package of its own, as an installer writes one (a RECORD beside it changes nothing)
     "new-package": "d=/usr/local/lib/python3.11/dist-packages; mkdir -p $d/quiet-1.0.dist-info && printf "

@@ -244,16 +244,20 @@ def program_tasks(tmp_path_factory, tiny_task_dir):
 
 @pytest.mark.parametrize("attack", sorted(SCRIPT_REWRITES))
 def test_the_agents_program_cannot_rewrite_the_script_the_verifiers_shell_reads(program_tasks, attack):
-    """The program prints the wrong answer (the test fails) and changes what the verifier's own shell runs next."""
+    """The program prints the wrong answer (the test fails) and tries to change what the verifier's own shell runs
+    next. The tests' folder is read-only in the verifier's namespace: the write fails, and the unsolved task earns
+    nothing, in either mode, and nothing is masked."""
     task, program = SCRIPT_REWRITES[attack]
-    _, reward, info = cheat(program_tasks[task], write("/app/answer.sh", program, "+x"))
-    assert_forgery_caught(reward, info)
+    for mode in ("train", "eval"):
+        _, reward, info = cheat(program_tasks[task], write("/app/answer.sh", program, "+x"), mode=mode)
+        assert_not_masked(reward, info)
+        assert info["end_reason"] == "task_complete" and "1 failed" in info["verifier"]["test-stdout.txt"], info
 
 
 # --- eval: each forgery pays, and is counted ---------------------------------------------------------------------
 
 
-def test_eval_keeps_the_reward_of_each_forgery_and_counts_it_in_the_tamper_rate(pytest_task, program_tasks):
+def test_eval_keeps_the_reward_of_each_forgery_and_counts_it_in_the_tamper_rate(pytest_task):
     """Eval keeps the verifier's reward, as public harnesses would give it; every one of these forgeries is reported,
     and the tamper rate counts each episode."""
     played = [
@@ -263,8 +267,6 @@ def test_eval_keeps_the_reward_of_each_forgery_and_counts_it_in_the_tamper_rate(
             INSTALLER_LINES["namespace-prefix-then-anything"], HOOK_MODULES["virtualenv-hook"],
         )
     ]  # fmt: skip
-    played.append(cheat(program_tasks["program"], write("/app/answer.sh", SCRIPT_REWRITES["appended"][1], "+x"),
-                        mode="eval"))  # fmt: skip
     for _, reward, info in played:
         assert (reward, info["end_reason"]) == (1.0, "task_complete"), info["episode"]
     assert aggregate([info["episode"] for _, _, info in played]).tamper_rate == 1.0, [

@@ -235,4 +235,5 @@ def test_a_pytest_plugin_an_installed_package_registers_is_not_the_verifiers(tmp
     choose the runner's plugins), so it runs the tests without it, and the honest solution earns its reward."""
     task = make_task(tmp_path, "anyio-system", WHEELS_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS, wheels)
     _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
-    assert (reward, info["end_reason"], info["episode"]["tampering"]) == (1.0, "task_complete", ()), info["episode"]["error"]
+    episode = info["episode"]
+    assert (reward, info["end_reason"], episode["tampering"]) == (1.0, "task_complete", ()), episode["error"]

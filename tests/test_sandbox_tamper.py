@@ -82,7 +82,8 @@ def test_a_pth_file_is_flagged_only_when_it_runs_code_that_no_installer_writes()
     )
     hidden = UsedFile(f"{site}/more.pth", head=b"/opt/lib\nimport\tos; os._exit(0)\n")
     # an installer's line must be whole: the finder it imports is the one it calls, with nothing passed to it
-    other = UsedFile(f"{site}/__editable__.x.pth", head=b"import __editable___x_finder; __editable___y_finder.install()")
+    other = UsedFile(f"{site}/__editable__.x.pth",
+                     head=b"import __editable___x_finder; __editable___y_finder.install()")  # fmt: skip
     passed = UsedFile(f"{site}/__editable__.x.pth", head=b"import __editable___x_finder; __editable___x_finder.install("
                       b"__import__('os')._exit(0))")  # fmt: skip
     assert kinds([evil]) == kinds([hidden]) == kinds([other]) == kinds([passed]) == {"startup_hook"}
@@ -180,6 +181,11 @@ def test_a_site_folder_package_shadows_the_image_runner() -> None:
     assert kinds([fake], found={pattern: image(pattern)}) == {"shadowed"}
     numpy = UsedFile("/usr/local/lib/python3.11/dist-packages/numpy/__init__.py")
     assert queries(WatchReport((numpy,)), "/app").patterns == ()
+    # a venv of the agent's, whose Python a test runs once the tests began: its packages are that program's own
+    venv = UsedFile("/app/.venv/lib/python3.11/site-packages/iniconfig/__init__.py", early=False)
+    found = {pattern: image(pattern) for pattern in queries(WatchReport((venv,)), "/app").patterns}
+    assert found and kinds([venv], found=found) == set()
+    assert kinds([dataclasses.replace(venv, early=True)], found=found) == {"shadowed"}
 
 
 def test_a_library_outside_the_distributions_folders_shadows_one_inside() -> None:

@@ -57,6 +57,7 @@ from terminus_env.sandbox.runtime_paths import (
     MODULE_FILE,
     PATH_DIRS,
     RUNNER_CONFIGS,
+    SITE,
     STARTUP_MODULES,
     ZIP_MAGIC,
     is_runtime,
@@ -335,6 +336,8 @@ def _judge_name(
         yield Finding(TamperKind.RUNNER_CONFIG, path, "pytest reads it while looking for its configuration")
     if DEFAULT_ZIP.fullmatch(path):
         yield Finding(TamperKind.STARTUP_HOOK, path, "Python imports from this zip before its standard library")
+    if not early and not executed and SITE.match(path):
+        return  # a site folder's module, once the tests began: a venv the tests run is the agent's environment
     for pattern in _shadow_patterns(UsedFile(path, executed), workdir):
         hidden = _unchanged_image_file(found.get(pattern, ()), itself)
         if hidden is not None:
