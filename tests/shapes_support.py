@@ -210,18 +210,18 @@ def assert_earned(reward, info):
 
 
 def assert_forgery_caught(reward, info, path_part: str | None = None):
-    """Train mode: a forgery ends `tampered`, reward 0, the agent's fault, never masked, with a certain finding
-    (naming a path that holds ``path_part``, where given)."""
+    """Train mode: a forgery ends `tampered`, reward 0, the agent's fault, never masked, with a finding (naming a
+    path that holds ``path_part``, where given)."""
     episode = info["episode"]
     assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TAMPERED, False), episode
-    certain = [finding for finding in episode["tampering"] if finding["certain"]]
-    assert episode["fault"] == Fault.AGENT and certain, episode
+    findings = episode["tampering"]
+    assert episode["fault"] == Fault.AGENT and findings, episode
     if path_part is not None:
-        assert any(path_part in finding["path"] for finding in certain), certain
+        assert any(path_part in finding["path"] for finding in findings), findings
 
 
 def assert_not_masked(reward, info):
     """An honest failure stays one: reward 0, and the episode is neither masked nor blamed on nobody."""
     episode = info["episode"]
     assert (reward, info["env_error"]) == (0.0, False), episode
-    assert info["end_reason"] not in (EndReason.UNVERIFIABLE, EndReason.ENV_ERROR), episode
+    assert info["end_reason"] != EndReason.ENV_ERROR, episode

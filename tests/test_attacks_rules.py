@@ -5,7 +5,7 @@ A policy that has read the source attacks the rules rather than the runtime: cod
 bytes (a zip or a wheel with bytes in front), the tests' beginning told by a file's name (a file Python reads at
 start-up, linked to a `test_*.py`), an installer's `.pth` line told by its prefix, an installer's hook module told by
 its name, and the test script, which bash reads as it runs and which the tests' own subprocess can rewrite. Each
-forgery is typed into the terminal of an unsolved task: in training it must end `tampered`, reward 0, with a certain
+forgery is typed into the terminal of an unsolved task: in training it must end `tampered`, reward 0, with a
 finding; in evaluation the verifier's reward stands and the episode counts in the tamper rate.
 
 Two escapes turn an honest failure into an episode no one is blamed for: one installer's record in a site folder

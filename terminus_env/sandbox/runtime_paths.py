@@ -38,6 +38,8 @@ CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pm", ".pl", ".rb", ".js
 PYTHON_ROOT = re.compile(r".*/lib/python3(\.\d+)?(/lib-dynload|/site-packages|/dist-packages)?")
 STANDARD_LIBRARY = re.compile(r".*/lib/python3\.\d+/")
 SITE = re.compile(r".*/(site|dist)-packages/")
+SYSTEM_SITE = re.compile(r"(/usr(/local)?/lib/python3[.\d]*/(site|dist)-packages|/root/\.local/lib/python3[.\d]*/"
+                         r"site-packages)/")
 LIBRARY = re.compile(r"(lib[^/]*\.so(\.[\d.]+)?|ld-linux[^/]*\.so[\d.]*)")
 MODULE_FILE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z0-9_-]+)?\.(py|pyc|pyo|so|pyd)")
 PTH_EXECUTES = re.compile(rb"^import[ \t]", re.MULTILINE)
@@ -50,9 +52,13 @@ library), and a ``.pth`` line can put one there."""
 
 
 def is_runtime(path: str) -> bool:
-    """A file the verifier's runtime is made of, rather than the task's own files (see the module's docstring)."""
+    """A file the verifier's runtime is made of, rather than the task's own files (see the module's docstring). A
+    site folder counts only where the system's interpreters keep theirs: a venv of the agent's is the agent's
+    program, and one the verifier builds is its own."""
     folder, name = posixpath.split(path)
     site = SITE.match(path)
+    if site and not SYSTEM_SITE.match(path):
+        return False
     if site:
         top = path[site.end() :].split("/")[0]
         return module_name(top) in RUNNER_PACKAGES or top.startswith("pytest_")

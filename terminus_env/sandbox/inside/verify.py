@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import io
 import os
+import re
 import stat
 import struct
 import tarfile
@@ -158,10 +159,12 @@ CACHE_PARENT = "/tmp"
 
 
 def clear_bytecode(paths, since):
-    """Remove, of ``paths`` (what Docker's diff lists under __pycache__), the bytecode the agent's side wrote for a
-    source unchanged in this container: any Python the agent runs writes it beside the modules it imports (official
-    python images ship none), and the verifier's Python would load it as the module. The verifier's Python compiles
-    those sources again, from the image's own files. Returns how many were removed."""
+    """Remove, of ``paths`` (what the layer lists under __pycache__), the bytecode the agent's side wrote for a source
+    unchanged in this container, or for any source in a site or standard-library folder: any Python the agent runs
+    writes bytecode beside the modules it imports (official python images ship none), and the verifier's Python
+    would load it as the module. The verifier's Python compiles those sources again, from the files themselves (an
+    installer's module proved by its content included). The bytecode of the task's own files elsewhere (its
+    project) stays: it is the task's state. Returns how many were removed."""
     removed = 0
     for path in paths:
         folder, name = os.path.split(path)
@@ -169,14 +172,19 @@ def clear_bytecode(paths, since):
             continue
         source = os.path.join(os.path.dirname(folder), name.split(".")[0] + ".py")
         try:
-            cached, original = os.lstat(path), os.lstat(source)
-            if not stat.S_ISREG(cached.st_mode) or cached.st_ctime < since or original.st_ctime >= since:
+            cached = os.lstat(path)
+            if not stat.S_ISREG(cached.st_mode) or cached.st_ctime < since:
+                continue
+            if not _RUNTIME_SOURCE.match(source) and os.lstat(source).st_ctime >= since:
                 continue
             os.unlink(path)
             removed += 1
         except OSError:
             continue
     return removed
+
+
+_RUNTIME_SOURCE = re.compile(r"(.*/(site|dist)-packages/|(/usr|/usr/local)?/lib/python3[.\d]*/).*")
 
 
 class FreshCaches:

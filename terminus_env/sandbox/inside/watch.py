@@ -175,7 +175,7 @@ class OpenWatch:
         key = (info.st_dev, info.st_ino)
         if mask & FAN_CLOSE_WRITE:
             self.written[side].add(key)
-            if side == "verifier" and self.ran_agents_code and self.tainted(pid):
+            if side == "verifier" and self._agents_code_ran() and self.tainted(pid):
                 self.written["tainted"].add(key)
         if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
             return
@@ -231,6 +231,11 @@ class OpenWatch:
         wrote it too."""
         written = self.written
         return key in written["agent"] or key in written["tainted"] or key not in written["verifier"]
+
+    def _agents_code_ran(self):
+        """Whether any process has run code the agent provided so far (until then no writer can be tainted, traced
+        or not)."""
+        return any(self._agents(key) for keys in self.ran_agents_code.values() for key in keys)
 
     def tainted(self, pid):
         """Whether ``pid``, or a process above it, ran code the agent provided; True where /proc can no longer tell
