@@ -18,12 +18,14 @@ import re
 from .installer_hashes import INSTALLER_HASHES
 
 _NAME = r"'[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*'"
-_PARTS = r"\('[A-Za-z_][A-Za-z0-9_]*',(?: ?'[A-Za-z_][A-Za-z0-9_]*',)*\)"
+_PART = r"'[A-Za-z_][A-Za-z0-9_]*'"
+_PARTS = r"\(" + _PART + r",\)|\(" + _PART + r"(?:, " + _PART + r")+\)"
+"""A tuple's repr: ``('a',)`` or ``('a', 'b')``."""
 _ROOT = r"sys\._getframe\(1\)\.f_locals\['sitedir'\]"
 _NSPKG_STATEMENTS = tuple(re.compile(pattern) for pattern in (
     r"import sys, types, os",
     r"has_mfs = sys\.version_info > \(3, 5\)",
-    r"p = os\.path\.join\(" + _ROOT + r", \*" + _PARTS + r"\)",
+    r"p = os\.path\.join\(" + _ROOT + r", \*(?:" + _PARTS + r")\)",
     r"importlib = has_mfs and __import__\('importlib\.util'\)",
     r"has_mfs and __import__\('importlib\.machinery'\)",
     r"m = has_mfs and sys\.modules\.setdefault\(" + _NAME + r", importlib\.util\.module_from_spec\(importlib\.machinery"
