@@ -131,6 +131,9 @@ def tool_tasks(tmp_path_factory, tools):
     }
 
 
+@pytest.mark.xfail(strict=True, reason="a false zero not yet closed: telling an honest install from a trojan in the "
+                   "same place needs the package's provenance (Debian's signed indices), which the grade does not "
+                   "check yet; docs/notes/security.md says so")  # fmt: skip
 @pytest.mark.parametrize("shape", sorted(TOOLS_RUN))
 def test_a_program_the_agent_installed_with_its_package_manager_run_by_the_verifiers_tools(tool_tasks, shape):
     seen, reward, info = cheat(tool_tasks[shape], TOOLS_RUN[shape][3], wait=WAIT_S)
