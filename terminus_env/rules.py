@@ -37,7 +37,6 @@ class EndReason(_Named):
     RESOURCE_LIMIT = "resource_limit"
     VERIFIER_BROKEN = "verifier_broken"
     TAMPERED = "tampered"
-    UNVERIFIABLE = "unverifiable"
     ENV_ERROR = "env_error"
 
     @property
@@ -56,9 +55,8 @@ class EndReason(_Named):
 
     @property
     def masked(self) -> bool:
-        """A trainer should drop the episode: its reward says nothing of the model (the infrastructure failed, or
-        the grade can be neither trusted nor blamed on the agent)."""
-        return self.fault is Fault.INFRASTRUCTURE or self is EndReason.UNVERIFIABLE
+        """A trainer should drop the episode: its reward says nothing of the model (the infrastructure failed)."""
+        return self.fault is Fault.INFRASTRUCTURE
 
     @property
     def event(self) -> str:
@@ -90,11 +88,6 @@ _ENDINGS: dict[EndReason, tuple[bool, bool, Fault, str]] = {
         "train (by default): the verdict was the agent's, not the verifier's: code the agent provided ran before the "
         "tests began or in the verifier's runtime, or the agent's program wrote the reward "
         "(`info['episode']['tampering']`)",
-    ),
-    EndReason.UNVERIFIABLE: (
-        False, False, Fault.NONE,
-        "train (by default): the verifier's runner loaded a pytest plugin that a package the agent installed "
-        "registers, as an honest install of that package does too: the grade can be neither trusted nor blamed",
     ),
     EndReason.ENV_ERROR: (
         False, False, Fault.INFRASTRUCTURE,
@@ -195,12 +188,10 @@ class TamperPolicy(_Named):
 
 def tamper_ending(findings: Sequence[Mapping[str, object]], policy: TamperPolicy) -> EndReason | None:
     """How a graded episode whose verifier run raised ``findings`` ends under ``policy``, or None when the grade
-    stands: ``tampered`` when any finding is certain, ``unverifiable`` (masked) when every one is uncertain."""
+    stands: ``tampered`` when there is any finding (each names what the agent provided that decided the verdict)."""
     if not findings or policy is TamperPolicy.REPORT:
         return None
-    if any(finding.get("certain", True) for finding in findings):
-        return EndReason.TAMPERED
-    return EndReason.UNVERIFIABLE
+    return EndReason.TAMPERED
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,8 @@ def mask_reason(trajectory: Trajectory, policy: MaskingPolicy) -> str | None:
     """Why a rollout is masked on its own, or None when it trains. The one mapping from endings to masks.
 
     A rollout without a summary never ran (its sandbox failed to start); a masked end reason
-    (``EndReason.masked``: ``env_error``, the infrastructure's fault, and ``unverifiable``, a grade neither trusted
-    nor blamed) says nothing of the model. Endings the agent caused
-    (a format error, a truncated turn, a full context, a broken shell, a resource limit) train with
+    (``EndReason.masked``: ``env_error``, the infrastructure's fault) says nothing of the model. Endings the agent
+    caused (a format error, a truncated turn, a full context, a broken shell, a resource limit) train with
     their reward: masking them would hide the agent's own failures from it.
     """
     summary = trajectory.summary

@@ -14,7 +14,7 @@ from terminus_env.rules import EndReason, Fault
 WRITE = "echo hello > /app/hello.txt\n"
 
 
-def reply(keystrokes: str = "", *, complete: bool = False, duration: float = 2.0) -> str:
+def reply(keystrokes: str = "", *, complete: bool = False, duration: float = 15.0) -> str:
     done = "<task_complete>true</task_complete>" if complete else ""
     return (
         "<response><analysis>Looking.</analysis><plan>Act.</plan>"
@@ -51,11 +51,12 @@ def pytest_task_in(root, tiny_task_dir, tests: str = PYTEST_TESTS):
     return load_task(root)
 
 
-def cheat(task, *steps: str, mode: str = "train"):
-    """Play an unsolved ``task``: run each step (keystrokes), then confirm completion. Returns what the steps
-    showed (all their observations, joined) and the final reward and info."""
+def cheat(task, *steps: str, mode: str = "train", wait: float = 15.0):
+    """Play an unsolved ``task``: run each step (keystrokes, each given up to ``wait`` seconds to finish), then
+    confirm completion. Returns what the steps showed (all their observations, joined) and the final reward and
+    info."""
     with started(task, mode=mode) as env:
-        seen = [env.step(reply(keys))[0] for keys in steps]
+        seen = [env.step(reply(keys, duration=wait))[0] for keys in steps]
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
     assert terminated
     return "\n".join(seen), reward, info

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shapes_support import Tools, build_tools_image
 from task_support import TINY_TOML
 
 from terminus_env.config import REQUIRE_DOCKER, env_flag
@@ -86,3 +87,8 @@ def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory):
     (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > hello.txt\n")  # in WORKDIR /app
     return root
 
+
+@pytest.fixture(scope="session")
+def tools(docker_required, tmp_path_factory: pytest.TempPathFactory) -> Tools:
+    """The image of the tools real tasks use (``shapes_support``), built once a session."""
+    return build_tools_image(tmp_path_factory.mktemp("tools"))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from attack_support import PYTEST_TESTS, PYTEST_VERIFIER, cheat
+from shapes_support import NSPKG_LINE, TASK_TOML, assert_earned
 
 from terminus_env import load_task
 
@@ -53,20 +54,6 @@ echo $r > /logs/verifier/reward.txt
 SYSTEM_PYTEST_VERIFIER = PYTEST_VERIFIER  # the image's pytest, run from the task's folder
 HELLO_TESTS = PYTEST_TESTS
 SOLVE_HELLO = "echo hello > /app/hello.txt\n"
-TASK_TOML = """\
-version = "1.0"
-[metadata]
-difficulty = "easy"
-[verifier]
-timeout_sec = 300.0
-[agent]
-timeout_sec = 300.0
-[environment]
-build_timeout_sec = 600.0
-cpus = 1
-memory_mb = 2048
-storage_mb = 4096
-"""
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +76,6 @@ def make_task(root: Path, name: str, dockerfile: str, verifier: str, tests: str,
     (task / "tests" / "test.sh").write_text(verifier)
     (task / "tests" / "test_outputs.py").write_text(tests)
     return load_task(task)
-
-
-def assert_earned(reward, info):
-    episode = info["episode"]
-    assert (reward, info["end_reason"], episode["tampering"]) == (1.0, "task_complete", ()), episode
 
 
 def test_a_uv_verifier_over_a_cache_the_images_build_filled(tmp_path, wheels):
@@ -144,13 +126,6 @@ def test_a_solution_that_sets_the_time_zone(tmp_path):
     assert_earned(*cheat(task, "ln -sf /usr/share/zoneinfo/America/New_York /etc/localtime\n")[1:])
 
 
-NSPKG_LINE = (
-    "import sys, types, os;has_mfs = sys.version_info > (3, 5);p = os.path.join(sys._getframe(1).f_locals['sitedir'], "
-    "*('acme',));importlib = has_mfs and __import__('importlib.util');has_mfs and __import__('importlib.machinery');"
-    "m = has_mfs and sys.modules.setdefault('acme', importlib.util.module_from_spec(importlib.machinery.PathFinder."
-    "find_spec('acme', [os.path.dirname(p)])));m = m or sys.modules.setdefault('acme', types.ModuleType('acme'));"
-    "mp = (m or []) and m.__dict__.setdefault('__path__',[]);(p not in mp) and mp.append(p)"
-)
 NSPKG_TESTS = """\
 def test_the_namespace_package_imports():
     from acme.tools import answer
@@ -254,12 +229,11 @@ INSTALL_ANYIO = (
 )
 
 
-def test_a_pytest_plugin_an_installed_package_registers_is_masked_not_zeroed(tmp_path, wheels):
-    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does):
-    pytest loads anyio's plugin before the tests begin, exactly as it would a cheat's plugin. The episode can be
-    neither trusted nor blamed: it ends `unverifiable`, masked, instead of zeroing an honest solution."""
+def test_a_pytest_plugin_an_installed_package_registers_is_not_the_verifiers(tmp_path, wheels):
+    """The image's pytest verifies, and the solution installed anyio system-wide (as `pip install httpx` does), which
+    registers a pytest plugin. The verifier's pytest does not see registrations the agent made (the agent may not
+    choose the runner's plugins), so it runs the tests without it, and the honest solution earns its reward."""
     task = make_task(tmp_path, "anyio-system", WHEELS_IMAGE, SYSTEM_PYTEST_VERIFIER, HELLO_TESTS, wheels)
     _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
     episode = info["episode"]
-    assert (reward, info["end_reason"], info["env_error"], episode["fault"]) == (0.0, "unverifiable", True, "none")
-    assert episode["tampering"] and not any(finding["certain"] for finding in episode["tampering"])
+    assert (reward, info["end_reason"], episode["tampering"]) == (1.0, "task_complete", ()), episode["error"]

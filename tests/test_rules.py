@@ -55,18 +55,15 @@ def test_what_each_ending_implies(reason: EndReason, graded: bool, truncated: bo
     assert reason == reason.value  # a str: comparisons and JSON see the plain name
 
 
-def test_only_the_infrastructure_and_an_unverifiable_grade_are_ever_masked() -> None:
-    assert [reason for reason in EndReason if reason.masked] == [EndReason.UNVERIFIABLE, EndReason.ENV_ERROR]
-    assert EndReason.UNVERIFIABLE.fault is Fault.NONE  # no one's fault: neither trusted nor blamed
+def test_only_the_infrastructure_is_ever_masked() -> None:
+    assert [reason for reason in EndReason if reason.masked] == [EndReason.ENV_ERROR]
 
 
-def test_a_tampered_grade_ends_by_its_most_certain_finding() -> None:
-    certain, uncertain = {"kind": "startup_hook", "certain": True}, {"kind": "runner_config", "certain": False}
+def test_any_finding_ends_a_training_episode_tampered_and_evaluation_keeps_the_reward() -> None:
+    finding = {"kind": "startup_hook", "path": "/usr/lib/python311.zip", "detail": "..."}
     assert tamper_ending([], TamperPolicy.FAIL) is None
-    assert tamper_ending([uncertain, certain], TamperPolicy.FAIL) is EndReason.TAMPERED
-    assert tamper_ending([uncertain], TamperPolicy.FAIL) is EndReason.UNVERIFIABLE
-    assert tamper_ending([{"kind": "runner_config"}], TamperPolicy.FAIL) is EndReason.TAMPERED  # unsaid: certain
-    assert tamper_ending([certain], TamperPolicy.REPORT) is None  # evaluation keeps the verifier's reward
+    assert tamper_ending([finding], TamperPolicy.FAIL) is EndReason.TAMPERED
+    assert tamper_ending([finding], TamperPolicy.REPORT) is None  # evaluation keeps the verifier's reward
 
 
 @pytest.mark.parametrize(

@@ -326,3 +326,34 @@ def test_the_tests_archive_holds_plain_files_and_folders_only(private: Path, bad
     assert list(private.iterdir()) == []  # refused before anything was written
     folder.unpack(tar_of([member("sub", tarfile.DIRTYPE), member("sub/test_a.py", size=3), member("test.sh")]))
     assert (private / "sub" / "test_a.py").read_bytes() == b"xxx" and (private / "test.sh").read_bytes() == b"x"
+
+
+# --- the verifier's caches -----------------------------------------------------------------------------------------
+
+
+def test_the_verifiers_uv_cache_starts_from_the_images_without_what_the_agent_changed(tmp_path: Path) -> None:
+    """An offline image fills uv's cache at build time; the verifier's fresh cache links in every part of it the
+    agent's side did not change, and leaves out what it did: a changed file, a folder it added, anything below."""
+    from terminus_env.sandbox.inside.verify import _seed
+
+    image = tmp_path / "cache"
+    (image / "archive-v0" / "pytest-aaaa" / "pytest").mkdir(parents=True)
+    (image / "archive-v0" / "pytest-aaaa" / "pytest" / "__init__.py").write_text("# the image's\n")
+    (image / "archive-v0" / "pluggy-bbbb").mkdir()
+    (image / "archive-v0" / "pluggy-bbbb" / "hooks.py").write_text("# the agent changed this one\n")
+    (image / "archive-v0" / "agents-cccc").mkdir()  # the agent's own entry
+    (image / "wheels-v5").mkdir()
+    (image / "wheels-v5" / "pytest.http").write_text("index")
+    (image / ".lock").write_text("")
+    changed = {str(image), str(image / "archive-v0"), str(image / "archive-v0" / "pluggy-bbbb"),
+               str(image / "archive-v0" / "pluggy-bbbb" / "hooks.py"), str(image / "archive-v0" / "agents-cccc")}
+    fresh = tmp_path / "fresh"
+    assert _seed(str(image), str(fresh), frozenset(changed), 100) == 2
+    assert (fresh / "wheels-v5").is_symlink() and (fresh / "archive-v0" / "pytest-aaaa").is_symlink()
+    assert (fresh / "archive-v0" / "pytest-aaaa" / "pytest" / "__init__.py").read_text() == "# the image's\n"
+    assert (fresh / "archive-v0" / "pluggy-bbbb").is_dir() and not (fresh / "archive-v0" / "pluggy-bbbb").is_symlink()
+    assert list((fresh / "archive-v0" / "pluggy-bbbb").iterdir()) == []  # the changed file is left out
+    assert not (fresh / "archive-v0" / "agents-cccc").is_symlink() and not (fresh / ".lock").exists()
+    # a cache that is a link (the agent's, or anything but the image's folder) is not reused at all
+    (tmp_path / "elsewhere").symlink_to(image)
+    assert _seed(str(tmp_path / "elsewhere"), str(tmp_path / "fresh2"), frozenset(), 100) == 0

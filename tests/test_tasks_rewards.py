@@ -71,6 +71,22 @@ def test_pytest_all_passed_from_ra_lines() -> None:
     assert pytest_reward(RA_OUTPUT.replace("{second}", "PASSED")) == (1.0, None)
 
 
+def test_captured_log_lines_of_passing_tests_are_not_outcomes() -> None:
+    """`-rA` prints each passing test's captured log, whose level begins the line: an ERROR logged by a passing test
+    is no failed test. Only the short summary's own lines are outcomes."""
+    logged = RA_OUTPUT.replace("{second}", "PASSED").replace(
+        "=========================== short test summary info",
+        "==================================== PASSES ====================================\n"
+        "------------------------------ Captured log call -------------------------------\n"
+        "ERROR    traitlets:__init__.py:98 Notebook JSON is invalid: Additional properties are not allowed\n"
+        "FAILED   loader:load.py:12 a log line shaped like an outcome\n"
+        "=========================== short test summary info",
+    )  # fmt: skip
+    assert pytest_reward(logged) == (1.0, None)
+    # the same lines outside any summary, with a failure in it, still fail
+    assert pytest_reward(logged.replace("PASSED test_outputs.py::test_b", "FAILED test_outputs.py::test_b"))[0] == 0.0
+
+
 def test_pytest_one_failure_from_ra_lines() -> None:
     reward, reason = pytest_reward(RA_OUTPUT.replace("{second}", "FAILED"))
     assert reward == 0.0 and "1 of 2 tests failed" in (reason or "")

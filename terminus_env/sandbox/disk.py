@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import docker
 from docker.errors import DockerException
 
+from terminus_env.sandbox.layer_diff import LayerFolders
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
 
 DISK_POLL_S = 1.0
@@ -50,6 +51,8 @@ class Layer:
     """Whether the engine holds the layer to a hard limit (``limit_mb + HARD_LIMIT_HEADROOM_MB``)."""
     upper_dir: str | None
     """The layer's folder on this machine, as Docker reports it (overlay2's UpperDir); None: only Docker can tell."""
+    folders: LayerFolders | None = None
+    """The layer's and the image's folders on this machine, where the grade reads the changes itself."""
 
 
 def over_limit(used_bytes: int, limit_mb: int) -> bool:

@@ -8,6 +8,8 @@ import posixpath
 import re
 import sys
 
+from terminus_env.sandbox.inside.installer_files import installer_pth_line
+
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 """Debian's PATH for root, in order: a program found in an earlier folder hides one of a later folder."""
 DISTRIBUTION_PROGRAM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -36,27 +38,13 @@ CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pm", ".pl", ".rb", ".js
 PYTHON_ROOT = re.compile(r".*/lib/python3(\.\d+)?(/lib-dynload|/site-packages|/dist-packages)?")
 STANDARD_LIBRARY = re.compile(r".*/lib/python3\.\d+/")
 SITE = re.compile(r".*/(site|dist)-packages/")
+SYSTEM_SITE = re.compile(r"(/usr(/local)?/lib/python3[.\d]*/(site|dist)-packages|/root/\.local/lib/python3[.\d]*/"
+                         r"site-packages)/")
 LIBRARY = re.compile(r"(lib[^/]*\.so(\.[\d.]+)?|ld-linux[^/]*\.so[\d.]*)")
 MODULE_FILE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z0-9_-]+)?\.(py|pyc|pyo|so|pyd)")
 PTH_EXECUTES = re.compile(rb"^import[ \t]", re.MULTILINE)
-# What Python's installers write in .pth files: each line is known and imports a module the installer wrote.
-INSTALLER_PTH_LINES = (
-    re.compile(rb"import __editable___[\w.]+_finder; __editable___[\w.]+_finder\.install\([^)]*\)"),
-    re.compile(
-        rb"import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os\.environ\.get\(var, '(local|stdlib)'\) == "
-        rb"'local'; enabled and __import__\('_distutils_hack'\)\.add_shim\(\);"
-    ),
-    re.compile(rb"import _virtualenv"),
-    # setuptools' namespace-package line (``*-nspkg.pth``): it makes empty module objects for the namespace's
-    # folders, and runs nothing else (its only calls are to the standard library's importlib, types and os).
-    re.compile(
-        rb"import sys, types, os;(?:has_mfs = sys\.version_info > \(3, 5\);)?p = os\.path\.join\(sys\._getframe\(1\)"
-        rb"\.f_locals\['sitedir'\], \*\((?:'[\w.]+', ?)+\)\);.*"
-    ),
-)
-INSTALLER_HOOK_MODULE = re.compile(r"__editable___\w+_finder|_virtualenv")
-"""The modules the installers' .pth lines import at every start (and setuptools' ``_distutils_hack`` package): they
-can be written by the agent, a gap ``docs/notes/security.md`` states."""
+DEFAULT_ZIP = re.compile(r".*/lib/python3\d+\.zip")
+"""The zip Python puts on its path before the standard library (``sys.path[0]`` of a fresh interpreter)."""
 ZIP_MAGIC = b"PK\x03\x04"
 """A zip archive: Python imports modules from one on its path (``/usr/lib/python311.zip`` comes before the standard
 library), and a ``.pth`` line can put one there."""
@@ -64,9 +52,13 @@ library), and a ``.pth`` line can put one there."""
 
 
 def is_runtime(path: str) -> bool:
-    """A file the verifier's runtime is made of, rather than the task's own files (see the module's docstring)."""
+    """A file the verifier's runtime is made of, rather than the task's own files (see the module's docstring). A
+    site folder counts only where the system's interpreters keep theirs: a venv of the agent's is the agent's
+    program, and one the verifier builds is its own."""
     folder, name = posixpath.split(path)
     site = SITE.match(path)
+    if site and not SYSTEM_SITE.match(path):
+        return False
     if site:
         top = path[site.end() :].split("/")[0]
         return module_name(top) in RUNNER_PACKAGES or top.startswith("pytest_")
@@ -81,17 +73,10 @@ def is_runtime(path: str) -> bool:
     return folder == "/usr/local/lib" and name.startswith("libpython")
 
 
-def installer_hook_module(path: str) -> bool:
-    module = module_name(posixpath.basename(path)) or ""
-    return bool(INSTALLER_HOOK_MODULE.fullmatch(module)) or "/_distutils_hack/" in path
-
-
 def pth_runs_code(head: bytes) -> bool:
-    """A .pth line starting with ``import`` is run at start-up, unless it is a line Python's installers write."""
-    for line in head.splitlines():
-        if PTH_EXECUTES.match(line) and not any(known.fullmatch(line.strip()) for known in INSTALLER_PTH_LINES):
-            return True
-    return False
+    """A .pth line starting with ``import`` is run at start-up, unless it is one of Python's installers' lines in
+    full (``installer_pth_line``: nothing but quoted names in its holes)."""
+    return any(PTH_EXECUTES.match(line) and not installer_pth_line(line) for line in head.splitlines())
 
 
 def program_patterns(path: str) -> list[str]:
@@ -117,16 +102,6 @@ def module_patterns(path: str, workdir: str | None) -> list[str]:
         return []
     forms = (f"{module}.py", f"{module}/__init__.py", f"{module}.*.so", f"{module}.so", f"{module}.pyc")
     return [f"{folder}/{form}" for folder in PYTHON_DIRS if not fnmatch.fnmatch(root, folder) for form in forms]
-
-
-def import_root(path: str, workdir: str | None) -> str | None:
-    """The folder on Python's search path (a site or standard folder, a venv's, the working folder) below which
-    ``path`` lies, at any depth."""
-    prefix = PYTHON_ROOT.match(path)
-    if prefix:
-        return prefix.group(0)
-    root = workdir or "/"
-    return root if path.startswith(root.rstrip("/") + "/") else None
 
 
 def python_root(path: str, workdir: str | None) -> str | None:

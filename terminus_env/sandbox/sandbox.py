@@ -38,12 +38,13 @@ from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
+from terminus_env.sandbox.layer_diff import LayerDiff, LayerFolders, layer_diff
 from terminus_env.sandbox.owner import Owner, new_run_id
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
-from terminus_env.sandbox.tamper import Change, Finding, WatchReport, is_bytecode, judge, link_candidates, queries
+from terminus_env.sandbox.tamper import Finding, WatchReport, is_bytecode, judge, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 from terminus_env.sandbox.text import join_capped
 
@@ -78,6 +79,8 @@ class VerifierRun:
     """What the verifier ran that the agent changed in its runtime (see ``tamper.py``): its result proves nothing."""
     refused: dict[str, str] = field(default_factory=dict)
     """Files the verifier left that are not plain files (a folder, a FIFO, a link), with why; they read as None."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds each stage of the run took, on the host's side and the daemon's, in order: where grading's time goes."""
 
 
 class Sandbox:
@@ -174,36 +177,36 @@ class Sandbox:
         processes, so nothing the agent left running can change the tests or what the verifier writes; what the
         agent did to the verifier's runtime (its interpreters, libraries, test runner) is in ``tampering``.
         """
-        listed = await asyncio.to_thread(self._changes)  # what the agent's side changed before the verifier runs
+        started = time.monotonic()
+        diff = await asyncio.to_thread(layer_diff, self._client, self.id, self._layer.folders)
+        diffed = time.monotonic()
         reply = await self._channel.request(
             "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
             user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
-            links=list(link_candidates(listed, self.workdir)), bytecode=[path for path in listed if is_bytecode(path)],
+            links=list(diff.links),
+            bytecode=[path for path in diff.paths if is_bytecode(path)],
+            plugins=[path for path in diff.paths if path.endswith("/entry_points.txt")], changed=diff.touched(),
         )  # fmt: skip
+        replied = time.monotonic()
         files = {path: None if data is None else base64.b64decode(data) for path, data in reply["files"].items()}
-        tampering = await self._judge_watch(WatchReport.from_reply(reply), listed)
+        tampering = await self._judge_watch(WatchReport.from_reply(reply), diff)
+        inside = {f"daemon:{name}": float(spent) for name, spent in (reply.get("stages") or {}).items()}
+        stages = {"host:diff": diffed - started, **inside,
+                  "host:channel": replied - diffed - sum(inside.values()), "host:judge": time.monotonic() - replied}
         return VerifierRun(
-            _exec_result(reply), files, tuple(reply.get("limits_hit", ())), tampering, dict(reply.get("refused", {}))
+            _exec_result(reply), files, tuple(reply.get("limits_hit", ())), tampering, dict(reply.get("refused", {})),
+            stages,
         )
 
-    async def _judge_watch(self, report: WatchReport, listed: dict[str, Change]) -> tuple[Finding, ...]:
-        """The rules of tamper.py over the watch's report, with Docker's diff from before the run (``listed``) and
-        the lookups the rules ask for."""
+    async def _judge_watch(self, report: WatchReport, diff: LayerDiff) -> tuple[Finding, ...]:
+        """The rules of tamper.py over the watch's report, with the layer's changes from before the run and the
+        lookups the rules ask for."""
         asked = queries(report, self.workdir)
         found: dict[str, Any] = {}
         if asked.patterns:
             found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
-        changes = {path: kind for path, kind in listed.items() if path in asked.diff_paths}
+        changes = await asyncio.to_thread(diff.kinds_of, asked.diff_paths)
         return judge(report, self.workdir, changes, found, report.links)
-
-    def _changes(self) -> dict[str, Change]:
-        """Docker's diff of the writable layer: how each path it lists differs from the image (absent: unchanged)."""
-        kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
-        try:
-            listed = self._client.api.diff(self.id) or []
-        except DockerException as exc:
-            raise SandboxError(f"cannot compare sandbox {self.id[:12]} with its image: {exc}") from exc
-        return {entry["Path"]: kinds[entry["Kind"]] for entry in listed}
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""
@@ -430,8 +433,10 @@ def _create_in(
     except APIError as exc:
         _discard(client, container.id)
         raise SandboxError(f"cannot start a container from {spec.image!r}: {exc.explanation or exc}") from exc
-    upper_dir = ((container.attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
-    layer = Layer(container.id, engine, spec.effective_storage_mb, enforced, readable_layer(upper_dir))
+    graph_driver = container.attrs.get("GraphDriver") or {}
+    upper_dir = (graph_driver.get("Data") or {}).get("UpperDir")
+    layer = Layer(container.id, engine, spec.effective_storage_mb, enforced, readable_layer(upper_dir),
+                  LayerFolders.of(graph_driver))  # fmt: skip
     return container.id, _ImageDefaults(config.get("User") or "", config.get("WorkingDir") or ""), layer, folder
 
 

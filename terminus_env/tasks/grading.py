@@ -44,7 +44,11 @@ VERIFIER_OUTPUT_NAME = "test-stdout.txt"
 """The verifier's output, by its name in a Harbor trial's ``verifier/`` folder (the other kept files keep theirs)."""
 _LOG_READ_BYTES = 4_000_000
 _SETUP_TIMEOUT_S = 60.0
-_PYTEST_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+\S", re.MULTILINE)
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$", re.MULTILINE)
+_SECTION_RULE = re.compile(r"^=+ ", re.MULTILINE)
+_PYTEST_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) \S", re.MULTILINE)
+"""A line of pytest's short test summary (``-rA``): the outcome, one space, the test. Only the summary's own section is
+read: a captured log line of a passing test (``ERROR    logger:file.py:98 ...``) is not an outcome."""
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)")
 _PYTEST_SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|errors?).*?) =+$", re.MULTILINE)
 
@@ -217,8 +221,9 @@ def _in_range(reward: float, where: str) -> tuple[float, str | None]:
 
 
 def pytest_reward(output: str) -> tuple[float, str | None]:
-    """Terminal-Bench 1: resolved (1) when every pytest test passed, from the `-rA` lines or the summary."""
-    outcomes = _PYTEST_OUTCOME.findall(output)
+    """Terminal-Bench 1: resolved (1) when every pytest test passed, from the `-rA` lines of the last short test
+    summary, or else the final counts."""
+    outcomes = _PYTEST_OUTCOME.findall(_short_summary(output))
     if outcomes:
         bad = [o for o in outcomes if o in {"FAILED", "ERROR"}]
         if bad or "PASSED" not in outcomes:
@@ -232,6 +237,16 @@ def pytest_reward(output: str) -> tuple[float, str | None]:
     if counts.get("passed", 0) == 0 or counts.get("failed", 0) or counts.get("error", 0):
         return 0.0, f"pytest: {summaries[-1]}"
     return 1.0, None
+
+
+def _short_summary(output: str) -> str:
+    """The section of pytest's last short test summary, up to the next rule; empty when there is none."""
+    headers = list(_SUMMARY_HEADER.finditer(output))
+    if not headers:
+        return ""
+    start = headers[-1].end()
+    end = _SECTION_RULE.search(output, start)
+    return output[start : end.start() if end else len(output)]
 
 
 # --- the first failing test ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .kernel import (
     mount,
     unshare,
 )
-from .names import DECOY_MOUNTS, PRIVATE_MOUNTS
+from .names import DECOY_MOUNTS, PRIVATE_MOUNTS, RUN_DIR, TESTS_FOLDER
 from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, credentials
 from .seccomp import confine
 
@@ -54,6 +54,12 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
         os.close(go)
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
+        # What the verifier runs from /tests cannot be changed by anything it starts: bash reads its script as it
+        # goes, so a program the tests run could otherwise append to the script the trusted shell is reading. Nor
+        # can the host side's folder (what the daemon lays over the verifier's view comes from there). The daemon
+        # fills both through its own, writable mounts of the same file systems.
+        for folder in (TESTS_FOLDER, RUN_DIR):
+            mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
         _mount_proc()
         _shield_private_folders(channel_folders)
         confine(keep, program)

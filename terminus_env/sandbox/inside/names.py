@@ -10,9 +10,10 @@ CHANNEL_SOCKET = RUN_DIR + "/channel"  # where the daemon takes the relay's stre
 CHANNEL_DIR = "/run/terminus-channel"  # a host folder a local engine mounts, where the host listens (DIRECT)
 DIRECT, RELAY = "direct", "relay"  # how the host reaches the daemon (main's CHANNEL argument; the host has both)
 HOSTS, CUT_OFF, AS_IS = "hosts", "cut-off", "as-is"  # what main does about the network first (sandbox.py has them)
-PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=512m,mode=0755"),
+TESTS_FOLDER = "/tests"  # the verifier's tests: read-only on its side, filled by the daemon
+PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), (TESTS_FOLDER, "size=512m,mode=0755"),
                   ("/logs/verifier", "size=256m,mode=0777"))  # fmt: skip
 # What the agent's side has in their place: writable decoys of its own, small (they hold memory).
-DECOY_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), ("/tests", "size=16m,mode=0755"),
+DECOY_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), (TESTS_FOLDER, "size=16m,mode=0755"),
                 ("/logs/verifier", "size=16m,mode=0777"))  # fmt: skip
 PTY_LIMIT = 256  # terminals one container may hold (kernel.pty.max is the host's, shared by every container)

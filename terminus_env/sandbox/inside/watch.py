@@ -3,14 +3,16 @@ opened the reward, and the links changed in this container whose targets it open
 
 import ctypes
 import errno
+import fnmatch
 import glob
 import os
 import stat
 import struct
 import time
 
+from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
 from .kernel import _libc
-from .names import RUN_DIR
+from .names import RUN_DIR, TESTS_FOLDER
 from .private_folders import _b64
 from .processes import _stat_fields
 
@@ -20,7 +22,7 @@ FAN_CLOSE_WRITE, FAN_OPEN, FAN_Q_OVERFLOW, FAN_OPEN_EXEC, FAN_OPEN_PERM = 0x8, 0
 FAN_ALLOW, FAN_DENY = 0x1, 0x2
 _EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 _RESPONSE = struct.Struct("iI")  # struct fanotify_response
-TESTS_FOLDER = "/tests"
+
 REWARD_FOLDER = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
 _UNWATCHED = ("/proc", "/sys", "/dev", RUN_DIR, REWARD_FOLDER)  # no file there is the agent's to change
@@ -31,8 +33,6 @@ HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decid
 _READ_HEADS = (".pth", "/entry_points.txt")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
 CODE_MAGIC = (b"\x7fELF", b"#!", b"PK\x03\x04")  # a program, a script, a zip Python imports from
-# Modules the installers' own .pth lines import at every start; judged by name on the host (tamper.py).
-_INSTALLER_HOOKS = ("__editable___", "_virtualenv.", "/_distutils_hack/")
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
                          "/usr/lib/*-linux-gnu*", "/usr/lib/python3*", "/usr/lib/python3*/*-packages",
@@ -61,17 +61,27 @@ class OpenWatch:
     cannot become the reward by a rename. The notices queued before that question are read first, so what a
     process ran is known before it asks."""
 
-    def __init__(self, daemon, window):
+    def __init__(self, daemon, window, links=(), expects_tests=True):
         self.daemon = daemon
+        self.expects_tests = expects_tests  # the tests hold Python files, or a script names a test runner
         self.groups = []
         self.window = window  # when the verifier's run began
         self.opened = {}  # (dev, ino) -> record
-        self.written = {"verifier": set(), "agent": set()}
+        # Written by the agent's side, by the verifier's processes, and by those of them that ran the agent's code
+        # (whatever such a process writes is the agent's: a wheel it unpacked, a module it rewrote).
+        self.written = {"verifier": set(), "agent": set(), "tainted": set()}
         self.complete = True
         self.events = 0
         self.exec_events = True
         self.order = 0  # events recorded so far: a file's first open is told apart from the first test file's
-        self.test_files = []  # (order, key, path, in /tests) of the test files opened
+        self.tests_began_at = None  # (order, path) of the first test file opened
+        self.runner_seen = False  # a file of a Python test runner's own package was opened
+        self.tests_device = os.fstat(daemon.private[TESTS_FOLDER].fd).st_dev
+        # Where the agent's links lead: a file reached by a link of the agent's never says that the tests began (a
+        # start-up file Python reads, made a link to a test file, would otherwise say so).
+        self.links = list(links)
+        self.link_targets = frozenset(link["target"] for link in links)
+        self.link_folders = tuple(link["target"].rstrip("/") + "/" for link in links if link.get("folder"))
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
         self.reward_refused = []
@@ -165,15 +175,19 @@ class OpenWatch:
         key = (info.st_dev, info.st_ino)
         if mask & FAN_CLOSE_WRITE:
             self.written[side].add(key)
+            if side == "verifier" and self._agents_code_ran() and self.tainted(pid):
+                self.written["tainted"].add(key)
         if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
             return
         self.order += 1
         record = self.opened.get(key)
         if record is None:
             path = _path(fd, info)
-            in_tests = path.startswith(TESTS_FOLDER + "/")
-            if _is_test_file(path, in_tests):
-                self.test_files.append((self.order, key, path, in_tests))
+            in_tests = info.st_dev == self.tests_device  # the verifier's own tests, known by their mount
+            if self.tests_began_at is None and self._begins_tests(path, info, key, in_tests):
+                self.tests_began_at = (self.order, path)
+            if not self.runner_seen and _is_runner_file(path):
+                self.runner_seen = True
             if in_tests:  # the verifier's own, fresh each run
                 return
             if len(self.opened) >= MAX_WATCHED_FILES:
@@ -188,16 +202,71 @@ class OpenWatch:
             # (renamed away, its name no longer says what it was: its content does)
             wide = record["path"].endswith(_READ_HEADS) or info.st_ctime >= self.window
             record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
-        changed = info.st_ctime >= self.daemon.since or key in self.written["agent"]
-        if _is_code(record) and changed and not any(hook in record["path"] for hook in _INSTALLER_HOOKS):
+        changed = info.st_ctime >= self.daemon.since or key in self.written["agent"] or key in self.written["tainted"]
+        if changed and record.get("zip") is None:  # only what the agent may have provided is looked at so closely
+            record["zip"] = _is_zip(fd, info.st_size)
+            if installer_hook_candidate(record["path"]):
+                record["proven"] = proven_installer_file(record["path"], _read_whole(fd, info.st_size))
+            if record["path"].endswith(".pth"):
+                record["pth_files"] = _pth_files(record["path"], record["head"])
+        if _is_code(record) and changed and not record.get("proven"):
             start = _start_time(pid)
             if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
                 self.ran_agents_code.setdefault((pid, start), []).append(key)
 
+    def _begins_tests(self, path, info, key, in_tests):
+        """Whether opening this file means the tests began: a Python file of the verifier's own tests (known by its
+        mount), or a test file of the image's own (the project's tests, unchanged in this container); never a file
+        that one of the agent's links leads to."""
+        if path in self.link_targets or path.startswith(self.link_folders):
+            return False
+        if in_tests:
+            return _is_test_file(path, in_tests=True)
+        unchanged = info.st_ctime < self.daemon.since and key not in self.written["agent"]
+        return unchanged and key not in self.written["verifier"] and _is_test_file(path)
+
     def _agents(self, key):
         """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
-        told apart once it closes it), unless the agent's side wrote it too."""
-        return key in self.written["agent"] or key not in self.written["verifier"]
+        told apart once it closes it), unless the agent's side, or a verifier process that ran the agent's code,
+        wrote it too."""
+        written = self.written
+        return key in written["agent"] or key in written["tainted"] or key not in written["verifier"]
+
+    def _agents_code_ran(self):
+        """Whether any process has run code the agent provided so far (until then no writer can be tainted, traced
+        or not)."""
+        return any(self._agents(key) for keys in self.ran_agents_code.values() for key in keys)
+
+    def tainted(self, pid):
+        """Whether ``pid``, or a process above it, ran code the agent provided; True where /proc can no longer tell
+        (fail closed: a writer gone before its event was read counts as the agent's once anything ran its code)."""
+        return self._ancestry(pid)[0] in ("ran", "untraced")
+
+    def _ancestry(self, pid):
+        """What the walk from ``pid`` up to the test script found: ("ran", why) when it or a process above it ran
+        code the agent provided, ("orphan", why) when it left the test script's tree, ("untraced", why) when /proc
+        cannot tell, (None, None) when it is the test script's own."""
+        untraced = ("untraced", "could not be traced to the test script")
+        current = pid
+        for _ in range(4096):
+            start = _start_time(current)
+            if start is None:
+                return untraced
+            ran = next((key for key in self.ran_agents_code.get((current, start), ()) if self._agents(key)), None)
+            if ran is not None:
+                path = self.opened[ran]["path"] if ran in self.opened else "a file"
+                return "ran", ("ran {}, which the agent provided".format(path) if current == pid else
+                               "descends from pid {}, which ran {}, which the agent provided".format(current, path))
+            try:
+                parent = int(_stat_fields(current)[1])
+            except (OSError, ValueError, IndexError):
+                return untraced
+            if parent == self.daemon.verifier_init:
+                return "orphan", "outlived its parent: it belongs to no test script"
+            if not self.daemon._in_verifier_namespace(parent):
+                return None, None  # started by the daemon: the test script itself
+            current = parent
+        return untraced
 
     def _answer(self, group, fd, pid):
         """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted."""
@@ -220,26 +289,7 @@ class OpenWatch:
     def untrusted(self, pid):
         """Why ``pid`` may not write the reward (None: it is the test script's own): it, or a process above it, ran
         code the agent provided, or it has left the test script's tree. Fails closed when /proc cannot tell."""
-        current = pid
-        for _ in range(4096):
-            start = _start_time(current)
-            if start is None:
-                return "could not be traced to the test script"
-            ran = next((key for key in self.ran_agents_code.get((current, start), ()) if self._agents(key)), None)
-            if ran is not None:
-                path = self.opened[ran]["path"] if ran in self.opened else "a file"
-                return "ran {}, which the agent provided".format(path) if current == pid else (
-                    "descends from pid {}, which ran {}, which the agent provided".format(current, path))
-            try:
-                parent = int(_stat_fields(current)[1])
-            except (OSError, ValueError, IndexError):
-                return "could not be traced to the test script"
-            if parent == self.daemon.verifier_init:
-                return "outlived its parent: it belongs to no test script"
-            if not self.daemon._in_verifier_namespace(parent):
-                return None  # started by the daemon: the test script itself
-            current = parent
-        return "could not be traced to the test script"
+        return self._ancestry(pid)[1]
 
     def check_rewards(self, folder_fd):
         """The reward files as they stand: one that a process not to be trusted opened (then renamed or linked into
@@ -254,12 +304,17 @@ class OpenWatch:
                 self.reward_refused.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
                                             "why": "this file became the reward, but {} opened it".format(why)})
 
-    def tests_began(self):
-        """(order, path) of the first test file opened, or None: a Python file in /tests, or a test file the
-        verifier did not write itself (an installer unpacking a package's tests is not the tests beginning)."""
-        mine = self.written["verifier"]
-        began = [(order, path) for order, key, path, in_tests in self.test_files if in_tests or key not in mine]
-        return min(began) if began else None
+    def boundary(self):
+        """(order, how) where the tests began: every file first opened before ``order`` was opened by the runner
+        starting up. ``how`` says how it was told: ``tests`` (the first test file), ``runner`` (the tests hold
+        Python files or name a test runner, or a runner started, and no test file was ever opened: everything was
+        its start, fail closed) or ``script`` (the tests are scripts that name no test runner, and none started:
+        the test script is the test, and only the rules that hold at any time apply)."""
+        if self.tests_began_at is not None:
+            return self.tests_began_at[0], "tests"
+        if self.runner_seen or self.expects_tests:
+            return self.order + 1, "runner"
+        return 0, "script"
 
     def finish(self, daemon, workdir):
         """Once the verifier's processes are gone: read the last events and say what it ran that changed (``during``:
@@ -268,30 +323,31 @@ class OpenWatch:
         targets it opened, the libraries it loaded, and the refused openers of the reward."""
         self.drain()
         window = self.window
-        agent, verifier = self.written["agent"], self.written["verifier"]
-        began = self.tests_began()
-        boundary = began[0] if began else self.order + 1
+        boundary, how = self.boundary()
         for record in self.opened.values():
             record["early"] = record["first"] < boundary
         used = []
         for key, record in self.opened.items():
-            changed = record["ctime"] >= daemon.since or key in agent
-            if changed and (key not in verifier or key in agent):
+            changed = record["ctime"] >= daemon.since or key in self.written["agent"] or key in self.written["tainted"]
+            if changed and self._agents(key):
                 head = record["head"] or b""
-                during = record["ctime"] >= window or key in agent
+                during = record["ctime"] >= window or key in self.written["agent"]
                 wide = record["path"].endswith(_READ_HEADS) or during
                 used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
-                             "head": _b64(head) if wide else None, "during": during,
-                             "early": record["early"]})  # fmt: skip
+                             "head": _b64(head) if wide else None, "during": during, "early": record["early"],
+                             "zip": bool(record.get("zip")), "proven": bool(record.get("proven")),
+                             "pth_files": record.get("pth_files", []), "tainted": key in self.written["tainted"]})
         early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
         if len(early_code) > MAX_EARLY_CODE:
             self.complete = False
         targets = {record["path"]: record for record in self.opened.values()}
         loaded = sorted(record["path"] for record in self.opened.values()
                         if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
-        return {"used": used, "relinked": _relinked(daemon.since, targets, workdir), "loaded": loaded,
+        relinked = _relinked(daemon.since, self.window, targets, workdir, self.links)
+        return {"used": used, "relinked": relinked, "loaded": loaded,
                 "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events,
-                          "tests_began": began[1] if began else None, "early_code": early_code[:MAX_EARLY_CODE],
+                          "tests_began": self.tests_began_at[1] if self.tests_began_at else None, "phase": how,
+                          "early_code": early_code[:MAX_EARLY_CODE],
                           "reward_refused": self.reward_refused}}  # fmt: skip
 
     def close(self):
@@ -323,7 +379,46 @@ def _is_test_file(path, in_tests=False):
 
 def _is_code(record):
     magic = (record["head"] or b"")[:4]
-    return record["exec"] or magic.startswith(CODE_MAGIC) or record["path"].endswith(CODE_SUFFIXES)
+    return (record["exec"] or bool(record.get("zip")) or magic.startswith(CODE_MAGIC)
+            or record["path"].endswith(CODE_SUFFIXES))  # fmt: skip
+
+
+ZIP_END = b"PK\x05\x06"
+ZIP_TAIL = 65535 + 22  # a zip's end record, with the longest comment it may carry
+
+
+def _is_zip(fd, size):
+    """Whether Python's zipimport (and pip, and zipfile) would read this file as a zip: they find the archive by its
+    end record, looked for in its last 64 KiB, whatever comes before it; so is it found here."""
+    if size < 22:
+        return False
+    tail = os.pread(fd, min(size, ZIP_TAIL), max(0, size - ZIP_TAIL))
+    return ZIP_END in tail
+
+
+def _read_whole(fd, size):
+    """The whole file, if it is small enough to be an installer's (else None: not one)."""
+    return os.pread(fd, size, 0) if size <= MAX_PROVEN_BYTES else None
+
+
+def _pth_files(path, head):
+    """The files a ``.pth`` file's path lines put on Python's path: only a zip can be imported from a file, so each
+    is code Python may import at every start."""
+    folder, found = os.path.dirname(path), []
+    for line in (head or b"").decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "import ", "import\t")):
+            continue
+        target = os.path.join(folder, line)
+        if os.path.isfile(target):
+            found.append(target)
+    return found[:20]
+
+
+def _is_runner_file(path):
+    """A file of a Python test runner's own package (pytest's), or its program: the runner has started."""
+    return "/_pytest/" in path or path.endswith("/pytest/__init__.py") or os.path.basename(path) in ("pytest",
+                                                                                                       "py.test")
 
 
 def _start_time(pid):
@@ -343,13 +438,18 @@ def _mount_points(pid):
     return points
 
 
-def _relinked(since, opened, workdir):
+def _relinked(since, window, opened, workdir, links):
     """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
-    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder."""
-    found = []
-    patterns = LINK_DIRS + ("/", workdir)
-    for folder in sorted(set(os.path.realpath(path) for pattern in patterns for path in glob.glob(pattern))):
+    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder. Those
+    made before the run are ``links`` (the layer's, resolved when the run began); a folder is listed again only if it
+    changed while the verifier ran (a link made meanwhile)."""
+    found, seen = [], set()
+    candidates = [(link["path"], link["target"]) for link in links if not link.get("folder")]
+    for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS + ("/", workdir)
+                             for path in glob.glob(pattern))):  # fmt: skip
         try:
+            if os.stat(folder).st_ctime < window:
+                continue
             names = os.listdir(folder)
         except OSError:
             continue
@@ -357,16 +457,23 @@ def _relinked(since, opened, workdir):
             path = os.path.join(folder, name)
             try:
                 link = os.lstat(path)
-                if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
-                    continue
-                target = os.path.realpath(path)
+                if stat.S_ISLNK(link.st_mode) and link.st_ctime >= since:
+                    candidates.append((path, os.path.realpath(path)))
             except OSError:
                 continue
-            record = opened.get(target)
-            if record is not None:
-                found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
-                              "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
+    for path, target in candidates:
+        record = opened.get(target)
+        if record is None or path in seen or not _in_link_folder(path, workdir):
+            continue
+        seen.add(path)
+        found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
+                      "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
     return found
+
+
+def _in_link_folder(path, workdir):
+    folder = os.path.dirname(path)
+    return folder in ("/", workdir) or any(fnmatch.fnmatch(folder, pattern) for pattern in LINK_DIRS)
 
 
 def agents_links(since, paths):
