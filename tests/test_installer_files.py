@@ -213,3 +213,19 @@ def test_an_nspkg_line_whose_path_parts_run_code_fails(parts: str) -> None:
 ])  # fmt: skip
 def test_an_editable_or_virtualenv_line_that_does_more_fails(line: str) -> None:
     assert not installer_pth_line(line)
+
+
+def test_older_setuptools_lines_are_setuptools_and_a_develop_install_names_its_folder_as_a_plain_literal() -> None:
+    """setuptools 49.3 to 49.6 and 60.1 wrote their distutils shim's line otherwise, and `setup.py develop` writes a
+    namespace line whose root is the project's folder, quoted: still installers' lines, and still nothing but
+    literals in their holes."""
+    assert installer_pth_line("import os; enabled = os.environ.get('SETUPTOOLS_USE_DISTUTILS') == 'local'; enabled "
+                              "and __import__('_distutils_hack').add_shim(); ")  # fmt: skip
+    assert installer_pth_line("import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == "
+                              "'local'; enabled and __import__('_distutils_hack').ensure_shim(); ")  # fmt: skip
+    develop = ("import sys, types, os;p = os.path.join('/app/src', *('jaraco',));ie = os.path.exists(os.path.join(p,"
+               "'__init__.py'));m = not ie and sys.modules.setdefault('jaraco', types.ModuleType('jaraco'));mp = (m or "
+               "[]) and m.__dict__.setdefault('__path__',[]);(p not in mp) and mp.append(p)")  # fmt: skip
+    assert installer_pth_line(develop)
+    for root in ("'/app/src' + __import__('os').system('id') and ''", "'/a\\'b'", "__import__('os').getcwd()"):
+        assert not installer_pth_line(develop.replace("'/app/src'", root)), root

@@ -21,7 +21,7 @@ _NAME = r"'[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*'"
 _PART = r"'[A-Za-z_][A-Za-z0-9_]*'"
 _PARTS = r"\(" + _PART + r",\)|\(" + _PART + r"(?:, " + _PART + r")+\)"
 """A tuple's repr: ``('a',)`` or ``('a', 'b')``."""
-_ROOT = r"sys\._getframe\(1\)\.f_locals\['sitedir'\]"
+_ROOT = r"(?:sys\._getframe\(1\)\.f_locals\['sitedir'\]|'[^'\\\n]*')"  # the site folder, or a develop install's path
 _NSPKG_STATEMENTS = tuple(re.compile(pattern) for pattern in (
     r"import sys, types, os",
     r"has_mfs = sys\.version_info > \(3, 5\)",
@@ -43,7 +43,9 @@ The line makes empty module objects for the namespace's folders and runs nothing
 _OTHER_LINES = (
     re.compile(r"import (__editable___[A-Za-z0-9_.]+_finder); \1\.install\(\)"),
     re.compile(r"import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os\.environ\.get\(var, '(?:local|stdlib)'\) == "
-               r"'local'; enabled and __import__\('_distutils_hack'\)\.add_shim\(\); ?"),
+               r"'local'; enabled and __import__\('_distutils_hack'\)\.(?:add|ensure)_shim\(\); ?"),
+    re.compile(r"import os; enabled = os\.environ\.get\('SETUPTOOLS_USE_DISTUTILS'\) == 'local'; enabled and "
+               r"__import__\('_distutils_hack'\)\.add_shim\(\); ?"),  # setuptools 49.3 to 49.6
     re.compile(r"import _virtualenv"),
 )  # fmt: skip
 """An editable install's finder, setuptools' distutils shim and the virtualenv hook: each imports a module whose
