@@ -324,6 +324,10 @@ def test_a_link_the_agent_made_to_code_the_runner_loaded() -> None:
     late = Relink("/app/pkg/helper.py", "/usr/lib/python3.11/textwrap.py")
     zone = Relink("/etc/localtime", "/usr/share/zoneinfo/America/New_York")
     assert kinds([], links=(venv, late, zone), early_code=early) == set()
+    # a venv's lib64 (a link to its lib): no name Python imports, whatever the runner loaded below it
+    lib64 = Relink("/app/.venv/lib64", "/app/.venv/lib", folder=True)
+    loaded = early | {"/app/.venv/lib/python3.11/site-packages/pytest/__init__.py"}
+    assert kinds([], links=(lib64,), early_code=loaded) == set()
 
 
 def test_bytecode_is_told_by_its_folder() -> None:

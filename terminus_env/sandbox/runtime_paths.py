@@ -104,6 +104,17 @@ def module_patterns(path: str, workdir: str | None) -> list[str]:
     return [f"{folder}/{form}" for folder in PYTHON_DIRS if not fnmatch.fnmatch(root, folder) for form in forms]
 
 
+def found_by_import(path: str, workdir: str | None) -> bool:
+    """Whether Python could import ``path`` as a module or a package by its name: below a folder on its search path
+    (a site or standard folder, a venv's, the working folder) through folders that are package names."""
+    prefix = PYTHON_ROOT.match(path)
+    root = prefix.group(0) if prefix else (workdir or "/")
+    if not prefix and not path.startswith(root.rstrip("/") + "/"):
+        return False
+    parts = path[len(root) :].strip("/").split("/")
+    return all(part.isidentifier() for part in parts[:-1]) and module_name(parts[-1]) is not None
+
+
 def python_root(path: str, workdir: str | None) -> str | None:
     """The folder on Python's search path this file would be imported from, if it is one we can tell."""
     folder = posixpath.dirname(path)

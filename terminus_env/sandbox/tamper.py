@@ -60,6 +60,7 @@ from terminus_env.sandbox.runtime_paths import (
     SITE,
     STARTUP_MODULES,
     ZIP_MAGIC,
+    found_by_import,
     is_runtime,
     library_patterns,
     module_name,
@@ -267,7 +268,7 @@ def judge(
     for link in report.relinked:
         findings.extend(_judge_link(link, workdir, changes, found))
     for link in links:
-        findings.extend(_judge_agents_link(link, report.early_code))
+        findings.extend(_judge_agents_link(link, report.early_code, workdir))
     return tuple(dict.fromkeys(findings))
 
 
@@ -306,12 +307,15 @@ def _judge_link(
         yield Finding(finding.kind, finding.path, f"a link to {link.target}: {finding.detail}")
 
 
-def _judge_agents_link(link: Relink, early_code: frozenset[str]) -> Iterable[Finding]:
+def _judge_agents_link(link: Relink, early_code: frozenset[str], workdir: str | None) -> Iterable[Finding]:
     """A link the agent made, where a program, a library or a module is looked up by name, to code the verifier
-    loaded before its tests: a program in PATH's folders, a library, a module file or a package folder."""
+    loaded before its tests: a program in PATH's folders, a library, a module file or a package folder that Python
+    could import by its name (a venv's ``lib64`` link is neither)."""
     folder, name = posixpath.split(link.path)
     if not (folder in PATH_DIRS or LIBRARY.fullmatch(name)):
         if not (name.isidentifier() if link.folder else MODULE_FILE.fullmatch(name)):
+            return
+        if not found_by_import(link.path, workdir):
             return
     if link.folder:
         reached = any(path.startswith(link.target.rstrip("/") + "/") for path in early_code)

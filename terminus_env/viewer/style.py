@@ -22,7 +22,6 @@ END_COLORS: dict[str, str] = {
     EndReason.RESOURCE_LIMIT: "#953800",
     EndReason.VERIFIER_BROKEN: "#a40e26",
     EndReason.TAMPERED: "#1f2328",
-    EndReason.UNVERIFIABLE: "#bf3989",
     EndReason.ENV_ERROR: "#0969da",
 }
 """One colour per end reason, grouped by meaning: green the task's own end, yellows the limits, reds and orange the

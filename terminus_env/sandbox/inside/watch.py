@@ -216,14 +216,15 @@ class OpenWatch:
 
     def _begins_tests(self, path, info, key, in_tests):
         """Whether opening this file means the tests began: a Python file of the verifier's own tests (known by its
-        mount), or a test file of the image's own (the project's tests, unchanged in this container); never a file
-        that one of the agent's links leads to."""
+        mount), or a test file of the project's (``test_*.py``, ``*_test.py``, the image's or the agent's, not one the
+        verifier wrote itself, as an installer unpacking a package's tests does); never a file that one of the
+        agent's links leads to. Nothing Python or the loader reads at start-up has such a name: only a link could
+        make a start-up read one."""
         if path in self.link_targets or path.startswith(self.link_folders):
             return False
         if in_tests:
             return _is_test_file(path, in_tests=True)
-        unchanged = info.st_ctime < self.daemon.since and key not in self.written["agent"]
-        return unchanged and key not in self.written["verifier"] and _is_test_file(path)
+        return key not in self.written["verifier"] and _is_test_file(path)
 
     def _agents(self, key):
         """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
@@ -233,9 +234,14 @@ class OpenWatch:
         return key in written["agent"] or key in written["tainted"] or key not in written["verifier"]
 
     def _agents_code_ran(self):
-        """Whether any process has run code the agent provided so far (until then no writer can be tainted, traced
-        or not)."""
-        return any(self._agents(key) for keys in self.ran_agents_code.values() for key in keys)
+        """Whether any process has surely run code the agent provided so far: code changed before the verifier began,
+        or written by the agent's side or by a process that ran its code. Until then no writer can be tainted,
+        traced or not. A file made during the run by a writer whose event is not read yet (the verifier's own
+        temporary script, read while its writer still holds it) does not count here."""
+        written = self.written
+        return any(key in written["agent"] or key in written["tainted"]
+                   or (key in self.opened and self.opened[key]["ctime"] < self.window and self._agents(key))
+                   for keys in self.ran_agents_code.values() for key in keys)  # fmt: skip
 
     def tainted(self, pid):
         """Whether ``pid``, or a process above it, ran code the agent provided; True where /proc can no longer tell
