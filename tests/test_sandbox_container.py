@@ -31,7 +31,8 @@ from terminus_env.sandbox import (
     ensure_image,
     reap,
 )
-from terminus_env.sandbox.channel import CHANNEL_DIR, CHANNEL_SOCKET, Route, folder_root
+from terminus_env.sandbox import channel as channel_module
+from terminus_env.sandbox.channel import CHANNEL_DIR, CHANNEL_SOCKET, Route, channel_route, folder_root
 from terminus_env.sandbox.owner import Owner
 
 pytestmark = pytest.mark.docker
@@ -306,6 +307,30 @@ def test_missing_image_is_a_clear_error(run: Runner) -> None:
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_a_burst_of_starts_loses_no_daemon_while_the_wait_for_it_times_out_at_once(
+    run: Runner, client: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every start of a burst succeeds while the host's wait for each daemon's connection times out every 0.1 ms,
+    so that connections keep arriving as a wait ends (a connection lost there fails its start 75 s later)."""
+    monkeypatch.setattr(channel_module, "ACCEPT_POLL_S", 1e-4)
+    monkeypatch.setenv(config.SANDBOX_CHANNEL, Route.DIRECT.value)
+
+    try:
+        channel_route(client, client.info())
+    except ConfigError as exc:  # no local engine shares a folder with this process: no DIRECT route to race
+        if config.env_flag(config.REQUIRE_DOCKER, False):
+            raise
+        pytest.skip(str(exc))
+
+    async def burst() -> list[Sandbox | BaseException]:
+        started = await asyncio.gather(*(Sandbox.start(SPEC) for _ in range(16)), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in started if isinstance(s, Sandbox)))
+        return started
+
+    started = run(burst())
+    assert [s for s in started if not isinstance(s, Sandbox)] == []
 
 
 def test_close_is_idempotent_and_removes_the_container(run: Runner, client: docker.DockerClient) -> None:
