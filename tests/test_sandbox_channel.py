@@ -210,3 +210,33 @@ def test_no_connection_is_lost_when_the_wait_for_it_times_out_as_it_arrives(
     taken = asyncio.run(burst())
     assert taken.count(False) == 0, f"{taken.count(False)} of {len(taken)} connections were lost"
 
+
+def frame(stream: int, payload: bytes) -> bytes:
+    """One of Docker's multiplexed frames, as the relay's exec carries the daemon's stdout (1) and stderr (2)."""
+    return bytes([stream, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def test_a_relay_channel_reads_a_reply_cut_into_many_frames_in_linear_work() -> None:
+    """A 12 MB reply in 300,000 frames of 40 bytes, then one large frame that ends it and holds 2,000 more replies.
+    Joining the pieces as they come and cutting the whole buffer again at every frame copies terabytes here (the
+    run never ends); joining them once, when the line ends, copies each byte a few times."""
+    big = json.dumps({"id": 0, "ok": True, "data": "x" * 12_000_000}).encode()
+    cut = len(big) - 10
+    small = [json.dumps({"id": i, "ok": True, "n": i}).encode() for i in range(1, 2001)]
+
+    async def scenario() -> tuple[list[dict[str, Any]], str]:
+        reader = asyncio.StreamReader()
+        channel = Channel(reader, Writer())  # type: ignore[arg-type]
+        asking = [asyncio.ensure_future(channel.request("read", 600)) for _ in range(2001)]
+        await asyncio.sleep(0)
+        reader.feed_data(frame(2, b"a line on the daemon's stderr\n"))
+        reader.feed_data(b"".join(frame(1, big[start : min(start + 40, cut)]) for start in range(0, cut, 40)))
+        reader.feed_data(frame(1, big[cut:] + b"\n" + b"\n".join(small) + b"\n"))
+        replies = await asyncio.gather(*asking)
+        await channel.close()
+        return replies, channel.stderr
+
+    replies, stderr = asyncio.run(scenario())
+    assert replies[0]["data"] == "x" * 12_000_000
+    assert [reply["n"] for reply in replies[1:]] == list(range(1, 2001))
+    assert stderr == "a line on the daemon's stderr\n"

@@ -92,6 +92,24 @@ ENGINE_CHECK_S = 1.0
 """How often a start waiting for the daemon asks Docker whether the container still runs."""
 
 
+class _Lines:
+    """Cuts a byte stream into lines. A line that comes in many pieces (a reply may be megabytes, in frames of a few
+    bytes) is joined once, when it ends: each byte is copied a bounded number of times, however it was cut."""
+
+    def __init__(self) -> None:
+        self._start: list[bytes] = []  # the pieces of the line not yet ended
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines that ``chunk`` ends, without their newlines."""
+        if b"\n" not in chunk:
+            self._start.append(chunk)
+            return []
+        *lines, tail = chunk.split(b"\n")
+        lines[0] = b"".join([*self._start, lines[0]])
+        self._start = [tail] if tail else []
+        return lines
+
+
 class Channel:
     """Request/response over one daemon process; ``request`` raises SandboxLost once the daemon is gone."""
 
@@ -169,7 +187,7 @@ class Channel:
         return reply
 
     async def _read_frames(self) -> None:
-        buffer = b""
+        lines = _Lines()
         try:
             while True:
                 header = await self._reader.readexactly(8)
@@ -178,9 +196,7 @@ class Channel:
                 if stream == 2:
                     self._stderr = (self._stderr + payload)[-_STDERR_KEEP:]
                     continue
-                buffer += payload
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
+                for line in lines.feed(payload):
                     self._deliver(line)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
@@ -188,16 +204,10 @@ class Channel:
             self._fail_all()
 
     async def _read_lines(self) -> None:
-        pending: list[bytes] = []  # the start of a line (a reply may be megabytes: joined once, when it ends)
+        lines = _Lines()
         try:
             while chunk := await self._reader.read(1 << 16):
-                if b"\n" not in chunk:
-                    pending.append(chunk)
-                    continue
-                *lines, tail = chunk.split(b"\n")
-                lines[0] = b"".join(pending) + lines[0]
-                pending = [tail]
-                for line in lines:
+                for line in lines.feed(chunk):
                     self._deliver(line)
         except (ConnectionError, OSError):
             pass
