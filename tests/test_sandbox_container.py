@@ -32,7 +32,14 @@ from terminus_env.sandbox import (
     reap,
 )
 from terminus_env.sandbox import channel as channel_module
-from terminus_env.sandbox.channel import CHANNEL_DIR, CHANNEL_SOCKET, Route, channel_route, folder_root
+from terminus_env.sandbox.channel import (
+    CHANNEL_DIR,
+    CHANNEL_SOCKET,
+    ChannelFolder,
+    Route,
+    channel_route,
+    folder_root,
+)
 from terminus_env.sandbox.owner import Owner
 
 pytestmark = pytest.mark.docker
@@ -530,18 +537,28 @@ def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.Docker
     ids=["python3", "tmux"],
 )
 def test_an_image_without_python3_or_tmux_is_a_clear_error(
-    run: Runner, client: docker.DockerClient, tmp_path: Path, removed: str, error: str
+    run: Runner, client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, removed: str,
+    error: str,
 ) -> None:
     """The start fails before (python3) or after (tmux) the channel is open: either way it says what the image
-    lacks, and leaves neither the container nor the channel's folder behind."""
+    lacks, and leaves neither the container nor the channel's folder behind. Only this start's folder is looked at:
+    other sandboxes on the host come and go meanwhile."""
     (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f {removed}\n")
     tag = ensure_image(tmp_path, f"sandbox-test-no-{removed.split('/')[-1].rstrip('*')}")
-    folders = set(folder_root().iterdir()) if folder_root().is_dir() else set()
+    made: list[ChannelFolder] = []
+    make = ChannelFolder.make
+
+    def recorded(root: Path | None = None) -> ChannelFolder:
+        made.append(make(root))
+        return made[-1]
+
+    monkeypatch.setattr(ChannelFolder, "make", recorded)
     containers = set(containers_of_pid(os.getpid()))
     try:
         with pytest.raises(SandboxError, match=error):
             run(Sandbox.start(SandboxSpec(tag)))
-        assert (set(folder_root().iterdir()) if folder_root().is_dir() else set()) == folders  # its folder went
+        direct = channel_route(client, client.info()) is Route.DIRECT
+        assert len(made) == (1 if direct else 0) and not any(folder.path.exists() for folder in made)
         assert set(containers_of_pid(os.getpid())) <= containers
     finally:
         client.images.remove(tag, force=True)
