@@ -604,3 +604,24 @@ def test_pool_skips_a_warm_sandbox_that_died(run: Runner, client: docker.DockerC
 
     dead_id, fresh_id, text = run(scenario())
     assert fresh_id != dead_id and "\nfresh\n" in text
+
+
+def test_pool_hands_out_no_warm_sandbox_too_old_for_an_episode(run: Runner) -> None:
+    """A container ends at its lifetime, counted from its start however long it sat warm. A warm sandbox with less
+    life left than an episode needs would die in the middle of one (an episode lost as the infrastructure's
+    failure): the pool removes it and starts another, which lives through the episode."""
+    spec = SandboxSpec(SPEC.image, lifetime_s=24, life_needed_s=8)
+
+    async def scenario() -> tuple[bool, bool, str]:
+        async with SandboxPool(warm_per_spec=1) as pool:
+            await pool.release(await pool.acquire(spec))
+            await pool.wait_warm()
+            old = pool._warm[spec][0]
+            warm_since = time.monotonic()  # the warm one started before this moment
+            await asyncio.sleep(warm_since + 16.5 - time.monotonic())  # it ages: under 8 s of its 24 s are left
+            episode = await pool.acquire(spec)
+            result = await episode.exec("sleep 8; echo lived", 30)  # an episode as long as the spec says
+            return episode is old, old.closed, result.output
+
+    handed_out_old, old_removed, output = run(scenario())
+    assert not handed_out_old and old_removed and output == "lived\n"
