@@ -20,10 +20,12 @@ Least squares on the first two give the five coefficients (and h); the third say
 after preemption costs what the model says.
 
 Each probe is timed twice: by the client's wall clock around its requests (``--clock client``, the default: what a
-client sees, the HTTP round trip and a loaded host's delays included) and by the engine's own end-to-end latency,
-``vllm:e2e_request_latency_seconds`` in ``/metrics`` (``--clock engine``: from the request's arrival at the engine's
-frontend to its end, so neither the HTTP nor the client's share of a busy host counts; h is then about 0). A
-simulated replica reports its virtual time there, which the host's load cannot move at all.
+client sees, the HTTP round trip and a loaded host's delays included) and by the engine's own clock, vLLM's
+``vllm:e2e_request_latency_seconds`` and ``vllm:time_to_first_token_seconds`` in ``/metrics`` (``--clock engine``:
+from the request's arrival at the engine's frontend, so neither the HTTP nor the client's share of a busy host
+counts; h is then about 0). By that clock a decode step is read from each request's time after its first token, so
+where its prompt fell among the others' prefill chunks does not count either. A simulated replica reports its
+virtual time there, which the host's load cannot move.
 
 The KV pool comes from ``/metrics`` (``num_gpu_blocks × block_size``) and ``max_model_len`` from ``/v1/models``;
 ``max_num_seqs`` and ``max_num_batched_tokens`` are not published, so pass the values the server was started with.
@@ -106,6 +108,32 @@ class Fit:
     residuals: tuple[float, ...]  # relative error of the model on each sample
 
 
+_ENGINE_SERIES = {"vllm:e2e_request_latency_seconds_sum": "e2e_s", "vllm:time_to_first_token_seconds_sum": "ttft_s",
+                  "vllm:e2e_request_latency_seconds_count": "finished"}
+
+
+@dataclass(frozen=True)
+class EngineTime:
+    """Seconds by the engine's clock (vLLM's own histograms): from a request's arrival to its end, and to its first
+    token; summed over ``finished`` requests, or a mean when ``finished`` is 1."""
+
+    e2e_s: float
+    ttft_s: float
+    finished: float
+
+    @property
+    def decoding_s(self) -> float:
+        """After the first token: the decode steps alone, without the wait for the prefill (which depends on where
+        each prompt fell among the others' chunks)."""
+        return self.e2e_s - self.ttft_s
+
+    def minus(self, before: EngineTime) -> EngineTime:
+        return EngineTime(self.e2e_s - before.e2e_s, self.ttft_s - before.ttft_s, self.finished - before.finished)
+
+    def per_request(self) -> EngineTime:
+        return EngineTime(self.e2e_s / self.finished, self.ttft_s / self.finished, 1.0)
+
+
 class Server:
     """One live server: chat requests with exact output lengths, its KV pool and context limit."""
 
@@ -141,37 +169,35 @@ class Server:
         async with ReplicaClient(self.base_url) as client:
             return sum(m.num_preemptions_total for m in (await client.metrics()).values())
 
-    async def engine_time(self) -> tuple[float, float]:
-        """The seconds of every finished request by the engine's clock, and how many (all engines together)."""
-        seconds = finished = 0.0
+    async def engine_time(self) -> EngineTime:
+        """The engine's clock so far, all engines together."""
+        totals = dict.fromkeys(_ENGINE_SERIES.values(), 0.0)
         for family in text_string_to_metric_families((await self.http.get("/metrics")).text):
             for sample in family.samples:
-                if sample.name == "vllm:e2e_request_latency_seconds_sum":
-                    seconds += sample.value
-                elif sample.name == "vllm:e2e_request_latency_seconds_count":
-                    finished += sample.value
-        return seconds, finished
+                if sample.name in _ENGINE_SERIES:
+                    totals[_ENGINE_SERIES[sample.name]] += sample.value
+        return EngineTime(**totals)
 
-    async def batch(self, texts: Sequence[str], output_tokens: int) -> tuple[list[tuple[int, int, float]], float]:
+    async def batch(self, texts: Sequence[str], output_tokens: int) -> tuple[list[tuple[int, int, float]], EngineTime]:
         """The requests at once, each as ``(prompt tokens, output tokens, seconds by the client's clock)``, and
-        their mean latency by the engine's clock.
+        their means by the engine's clock.
 
         Each request has a connection of its own, opened first, and all are written in one go: on a busy host, a
         client that built and sent one request after another spread a batch of 48 over seconds, so its first
         requests ran in smaller batches than the probe asks for; written together, they reach the engine within
         a step."""
-        seconds_before, finished_before = await self.engine_time()
+        before = await self.engine_time()
         bodies = [self._request(text, output_tokens) for text in texts]
         connections = await asyncio.gather(*(asyncio.open_connection(self._host, self._port) for _ in texts))
         sent = time.perf_counter()
         for (_, writer), body in zip(connections, bodies):
             writer.write(body)
         runs = await asyncio.gather(*(self._answer(reader, writer, sent) for reader, writer in connections))
-        seconds, finished = await self.engine_time()
-        if finished - finished_before != len(texts):
-            raise SystemExit(f"{self.base_url} finished {finished - finished_before:g} requests while probed with "
-                             f"{len(texts)}: another client is using it; probe a server of your own")
-        return runs, (seconds - seconds_before) / len(texts)
+        spent = (await self.engine_time()).minus(before)
+        if spent.finished != len(texts):
+            raise SystemExit(f"{self.base_url} finished {spent.finished:g} requests while probed with {len(texts)}: "
+                             "another client is using it; probe a server of your own")
+        return runs, spent.per_request()
 
     def _request(self, text: str, output_tokens: int) -> bytes:
         """One chat request on the wire, ``ignore_eos`` so that it makes exactly ``output_tokens``."""
@@ -226,7 +252,7 @@ async def measure(server: Server, probes: Probes, like: SimConfig) -> list[Sampl
     for _ in range(probes.repeats):
         for p in probes.prefill_prompts:
             [(prompt_tokens, _, seconds)], engine = await server.batch([server.prompt(min(p, longest))], 1)
-            prefill.setdefault(p, []).append(Sample("prefill", 1, prompt_tokens, seconds, engine))
+            prefill.setdefault(p, []).append(Sample("prefill", 1, prompt_tokens, seconds, engine.e2e_s))
         for batch, p in shapes:
             times, engine_times, tokens = {}, {}, []
             for n in (n1, n2):
@@ -236,7 +262,7 @@ async def measure(server: Server, probes: Probes, like: SimConfig) -> list[Sampl
                 times[n] = statistics.fmean(seconds for _, _, seconds in runs)
                 tokens += [prompt_tokens for prompt_tokens, _, _ in runs]
             step = (times[n2] - times[n1]) / (n2 - n1)
-            engine_step = (engine_times[n2] - engine_times[n1]) / (n2 - n1)
+            engine_step = (engine_times[n2].decoding_s - engine_times[n1].decoding_s) / (n2 - n1)
             decode.setdefault((batch, p), []).append(
                 Sample("decode", batch, round(statistics.fmean(tokens)), step, engine_step)
             )
@@ -315,8 +341,8 @@ async def recompute_check(server: Server, config: SimConfig, overhead_s: float, 
     prompt = max(64, min(config.max_model_len - output - 64, int(pool * probes.overflow / count) - output))
     texts = [server.prompt(prompt) for _ in range(count)]
     before = await server.preemptions()
-    runs, live_e2e = await server.batch(texts, output)
-    live = max(seconds for _, _, seconds in runs)
+    runs, live = await server.batch(texts, output)
+    makespan = max(seconds for _, _, seconds in runs)
     preempted = await server.preemptions() - before
     replica = SimReplica(config)
     for i, (prompt_tokens, _, _) in enumerate(runs):
@@ -326,8 +352,8 @@ async def recompute_check(server: Server, config: SimConfig, overhead_s: float, 
         if replica.step() == 0.0:
             raise RuntimeError("the simulated replica cannot schedule the recompute check's requests")
         finished += replica.pop_finished()
-    return Recompute(count, round(statistics.fmean(r[0] for r in runs)), output, live, preempted,
-                     replica.now + overhead_s, replica.stats().preemptions, live_e2e,
+    return Recompute(count, round(statistics.fmean(r[0] for r in runs)), output, makespan, preempted,
+                     replica.now + overhead_s, replica.stats().preemptions, live.e2e_s,
                      statistics.fmean(done.e2e_s for done in finished))
 
 
