@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -27,26 +28,34 @@ class BackgroundLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._pending: set[_Call[Any]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the background loop and wait for its result."""
+        """Run ``coro`` on the background loop and wait for its result.
+
+        When the wait is interrupted (Ctrl-C in a notebook raises KeyboardInterrupt here), ``coro`` is cancelled and
+        waited for before the interruption goes on, so nothing of it runs beside the next call (a second Ctrl-C
+        stops that wait too)."""
         loop = self._ensure_started()
         if _running_loop() is loop:
             coro.close()
             raise RuntimeError("a sync method was called from inside its own event loop; await the async twin instead")
-        with self._lock:
-            future = asyncio.run_coroutine_threadsafe(coro, loop)
-            self._pending.add(future)
+        call: _Call[T] = _Call(coro)
         try:
-            return future.result()
+            with self._lock:
+                self._pending.add(call)
+            loop.call_soon_threadsafe(call.start)
+            return call.outcome.result()
+        except BaseException:
+            call.cancel_and_wait(loop)
+            raise
         finally:
             with self._lock:
-                self._pending.discard(future)
+                self._pending.discard(call)
 
     def close(self) -> None:
         """Stop the loop and join its thread; safe to call more than once, from any thread.
@@ -61,11 +70,8 @@ class BackgroundLoop:
             return
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=30)
-        for future in pending:
-            try:
-                future.set_exception(RuntimeError("the background loop was closed while this call waited"))
-            except concurrent.futures.InvalidStateError:
-                pass  # it finished after all
+        for call in pending:
+            call.abandon(RuntimeError("the background loop was closed while this call waited"))
         if not loop.is_running():
             loop.close()
 
@@ -85,6 +91,58 @@ class BackgroundLoop:
                 ready.wait()
                 self._loop = loop
             return self._loop
+
+
+class _Call(Generic[T]):
+    """One coroutine that a thread waits for on the background loop: its outcome, and whether it has ended there.
+
+    ``start`` and ``_cancel`` run on the loop, in the order they were scheduled; the rest runs in the waiting
+    thread."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+        self._task: asyncio.Task[T] | None = None
+        self.outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.ended = threading.Event()
+        """Set once the coroutine can run no more: it finished, or it never started."""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._coro)
+        self._task.add_done_callback(self._finish)
+
+    def cancel_and_wait(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel the coroutine and wait until it has finished cancelling."""
+        if self.ended.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing runs there any more
+            self._coro.close()
+            return
+        self.ended.wait()
+
+    def abandon(self, error: BaseException) -> None:
+        """The loop stopped for good: fail the wait (the coroutine will not run again)."""
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            self.outcome.set_exception(error)
+        self.ended.set()
+
+    def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            return
+        self._coro.close()  # the interruption came before the coroutine was handed to the loop
+        self.ended.set()
+
+    def _finish(self, task: asyncio.Task[T]) -> None:
+        self.ended.set()  # first, so that whoever sees the outcome sees the coroutine ended
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned meanwhile
+            if task.cancelled():
+                self.outcome.cancel()
+            elif task.exception() is not None:
+                self.outcome.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                self.outcome.set_result(task.result())
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -53,6 +55,21 @@ def wait_healthy(url: str, timeout_s: float = 10.0) -> None:
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not become healthy in {timeout_s}s")
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Wait for ``condition``, a state the code under test shows, looking every 10 ms. ``timeout_s`` only ends a test
+    that hangs: it is far beyond what any host takes, busy or not."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        await asyncio.sleep(0.01)
+
+
+def running_at(*servers: object) -> int:
+    """Requests running in the engines of these simulated servers (``SimServer``) now."""
+    return sum(int(replica.metrics().num_requests_running) for server in servers for replica in server.replicas)  # type: ignore[attr-defined]
 
 
 def pid_alive(pid: int) -> bool:

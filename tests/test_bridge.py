@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import threading
 
 import pytest
 
 from terminus_env import TerminusEnv, load_task
-from terminus_env.bridge import shared_loop
+from terminus_env.bridge import BackgroundLoop, shared_loop
 from terminus_env.sandbox import SandboxPool
 
 WRITE_AND_FINISH = (
@@ -81,3 +82,28 @@ def test_sync_envs_share_one_warm_sandbox_pool(tiny_task_dir):
             with contextlib.suppress(Exception):
                 env.close()
         shared_loop().run(pool.aclose())
+
+
+def test_an_interrupted_call_is_cancelled_and_waited_for_before_the_interruption_goes_on():
+    """Ctrl-C while a sync call waits (a KeyboardInterrupt in the waiting thread): the coroutine must not run on
+    beside the next call on the same terminal. It is cancelled, and its clean-up has ended when the interruption
+    reaches the caller."""
+    loop = BackgroundLoop("terminus-env-test-loop")
+    seen: list[str] = []
+
+    async def long_call() -> None:
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C while run() waits
+            await asyncio.Event().wait()  # never set: only a cancellation ends this call
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # a clean-up that takes a while (a sandbox's request to finish)
+            seen.append("cleaned up")
+            raise
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(long_call())
+        assert seen == ["cleaned up"]
+        assert loop.run(asyncio.sleep(0, result="next")) == "next"  # the loop serves the next call
+    finally:
+        loop.close()

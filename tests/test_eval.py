@@ -16,7 +16,8 @@ from sandbox_support import containers_of_pid
 from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.policy import request_seed
+from terminus_env.config import EVAL_STRICT_FORMAT, EVAL_STRICT_TRUNCATION
+from terminus_env.rollout.policy import draw, request_seed
 from terminus_env.rollout.report import build_report, print_report
 from terminus_env.rollout.run_log import TaskStage, read_run
 from terminus_env.sandbox.images import prune_task_images
@@ -194,3 +195,35 @@ def test_sampling_is_sent_as_asked_and_recorded(suite: Path, tmp_path: Path,
     assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "y.jsonl"), "--sampling",
                      "top_k"]) == 2  # fmt: skip
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_the_run_file_records_the_strictness_that_ran_and_a_resume_keeps_to_it(
+    suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWE_EVAL_STRICT_FORMAT makes a format error end the episode without --strict. The run file says so (both
+    switches, as the envs ran them), the settings line too, and a resume under other semantics is refused with how
+    to get the run's back."""
+    monkeypatch.setenv(EVAL_STRICT_FORMAT, "1")
+    output = tmp_path / "strict-format.jsonl"
+    args = ["eval", str(suite), "--name", GOOD[0], "--flaky-oracle", SEED, "--trials", "2", "--output", str(output),
+            "--jobs-dir", str(tmp_path / "jobs")]  # fmt: skip
+    assert cli_main(args) == 0
+    assert "eval: strict format, lenient truncation," in capsys.readouterr().out
+    contents = read_run(output)
+    assert (contents.config.strict_format, contents.config.strict_truncation) == (True, False)
+    assert contents.config.summarize is False  # the env summarizes in lenient evaluation only
+    careless = {r.trial: draw(int(SEED), "careless", f"{r.task}#{r.trial}") < 1 / 3 for r in contents.rollouts}
+    assert sorted(careless.values()) == [False, True], "the seed must give one careless opening and one clean one"
+    for rollout in contents.rollouts:  # the careless opening (a reply in no format) ended its episode: strict format
+        ended_on_format = (rollout.end_reason, rollout.reward) == ("format_error", 0.0)
+        assert ended_on_format == careless[rollout.trial], rollout.end_reason
+
+    monkeypatch.delenv(EVAL_STRICT_FORMAT)
+    before = output.read_bytes()
+    assert cli_main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "strict_format: True in the file, False now" in err
+    assert f"{EVAL_STRICT_FORMAT}=1 {EVAL_STRICT_TRUNCATION}=0" in err and output.read_bytes() == before
+    monkeypatch.setenv(EVAL_STRICT_FORMAT, "1")
+    assert cli_main([*args, "--resume"]) == 0
+    assert "2 already there" in capsys.readouterr().out

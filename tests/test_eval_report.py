@@ -9,8 +9,8 @@ from terminus_env.rollout.run_log import RolloutRecord, RunConfig, RunContents, 
 
 
 def contents(trials: int, rewards: dict[str, list[float]], broken: tuple[str, ...] = ()) -> RunContents:
-    config = RunConfig(folder="/suite", names=(), trials=trials, policy="oracle", strict=False, max_turns=30,
-                       max_turn_tokens=16384)  # fmt: skip
+    config = RunConfig(folder="/suite", names=(), trials=trials, policy="oracle", strict_format=False,
+                       strict_truncation=False, max_turns=30, max_turn_tokens=16384)  # fmt: skip
     run = RunContents(config)
     for task, values in rewards.items():
         for trial, reward in enumerate(values):

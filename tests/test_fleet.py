@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import docker
 import pytest
 from fleet_support import SLOTS, TwoNodes, import_ray, two_nodes
 from sandbox_support import Runner, containers_of_pid, run_fixture  # noqa: F401
@@ -106,10 +107,8 @@ def reply(keystrokes: str, duration: float, complete: bool = False) -> str:
 class SlowPolicy:
     """Solves the tiny task, then keeps its terminal busy for ``busy_s``, so a host can die mid-episode."""
 
-    def __init__(self, busy_s: float) -> None:
-        self._busy_s = busy_s
-        self.busy = 0
-        """Episodes that were sent their busy command."""
+    def __init__(self, busy_s: int) -> None:
+        self.busy_s = busy_s
 
     @contextlib.asynccontextmanager
     async def session(self, rollout: Rollout) -> AsyncIterator[None]:
@@ -117,8 +116,7 @@ class SlowPolicy:
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         if sum(m["role"] == "assistant" for m in messages) == 0:
-            self.busy += 1
-            text = reply(f"echo hello > /app/hello.txt; sleep {self._busy_s}\n", self._busy_s + 10)
+            text = reply(f"echo hello > /app/hello.txt; sleep {self.busy_s}\n", self.busy_s + 10)
         else:
             text = reply("", 1, complete=True)
         return PolicyOutput(Reply(text))
@@ -134,6 +132,31 @@ async def wait_until(check, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
         await asyncio.sleep(0.1)
+
+
+def busy_containers(pids: list[int], command: str) -> int:
+    """Containers of these owners (host actors' pids) that run ``command`` now, as ``docker top`` lists them."""
+    client = docker.from_env()
+    try:
+        busy = 0
+        for container_id in (c for pid in pids for c in containers_of_pid(pid)):
+            try:
+                rows = client.api.top(container_id)["Processes"] or []
+            except docker.errors.APIError:  # gone meanwhile
+                continue
+            busy += any(command in " ".join(map(str, row)) for row in rows)
+        return busy
+    finally:
+        client.close()
+
+
+async def wait_until_busy(pool: RaySandboxPool, policy: SlowPolicy, episodes: int) -> None:
+    """Every episode's first command is running in its container (typed, not only sent by the policy)."""
+    command = f"sleep {policy.busy_s}"
+    deadline = time.monotonic() + 120
+    while await asyncio.to_thread(busy_containers, host_pids(pool), command) < episodes:
+        assert time.monotonic() < deadline, f"{episodes} episodes running {command!r}: not within 120 s"
+        await asyncio.sleep(0.2)
 
 
 def wait_for_no_containers(pids: list[int], timeout_s: float) -> list[str]:
@@ -238,8 +261,7 @@ def test_a_killed_host_ends_only_its_episodes_as_env_error(nodes: TwoNodes, run:
             stamp = lambda _: finished.append(time.monotonic())  # noqa: E731
             runner = RolloutRunner(policy, sandbox_pool=pool, max_sandboxes=2 * SLOTS, on_finish=stamp)
             batch = asyncio.ensure_future(runner.run([task], group_size=2 * SLOTS))
-            await wait_until(lambda: policy.busy == 2 * SLOTS, 120, "four episodes at work")
-            await asyncio.sleep(1)  # every episode is in its first command
+            await wait_until_busy(pool, policy, 2 * SLOTS)
             victim = pool.hosts[0].info.pid
             os.kill(victim, signal.SIGKILL)
             killed = time.monotonic()
@@ -273,8 +295,7 @@ def test_a_dead_node_ends_its_episodes_and_a_new_node_takes_sandboxes(
         stamp = lambda _: finished.append(time.monotonic())  # noqa: E731
         runner = RolloutRunner(policy, sandbox_pool=pool, max_sandboxes=2 * SLOTS, on_finish=stamp)
         batch = asyncio.ensure_future(runner.run([task], group_size=2 * SLOTS))
-        await wait_until(lambda: policy.busy == 2 * SLOTS, 120, "four episodes at work")
-        await asyncio.sleep(1)
+        await wait_until_busy(pool, policy, 2 * SLOTS)
         doomed = [link.info.pid for link in pool.hosts if link.info.node_id == nodes.worker.node_id]
         nodes.kill_worker()
         killed = time.monotonic()

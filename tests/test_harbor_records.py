@@ -11,8 +11,8 @@ from terminus_env.rollout.cast import asciinema_cast
 from terminus_env.rollout.harbor_records import JobInfo, job_result, rollout_result
 from terminus_env.rollout.run_log import RolloutRecord, RunConfig
 
-CONFIG = RunConfig(folder="/suite", names=(), trials=1, policy="model:qwen", strict=False, max_turns=30,
-                   max_turn_tokens=16384)  # fmt: skip
+CONFIG = RunConfig(folder="/suite", names=(), trials=1, policy="model:qwen", strict_format=False,
+                   strict_truncation=False, max_turns=30, max_turn_tokens=16384)  # fmt: skip
 JOB = JobInfo(str(uuid.uuid4()), Path("/jobs/run"), agent_spec(CONFIG), {"t": Path("/suite/t")})
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from terminus_env.protocol import Strictness
 from terminus_env.rollout.run_log import (
+    FORMAT_VERSION,
     RolloutRecord,
     RunConfig,
     RunFileError,
@@ -18,8 +20,8 @@ from terminus_env.rollout.run_log import (
     read_run,
 )
 
-CONFIG = RunConfig(folder="/suite", names=(), trials=2, policy="oracle", strict=False, max_turns=30,
-                   max_turn_tokens=16384)  # fmt: skip
+CONFIG = RunConfig(folder="/suite", names=(), trials=2, policy="oracle", strict_format=False,
+                   strict_truncation=False, max_turns=30, max_turn_tokens=16384)  # fmt: skip
 
 
 def record(task: str, trial: int, reward: float = 1.0) -> RolloutRecord:
@@ -85,9 +87,18 @@ def test_a_corrupt_or_foreign_file_is_refused_with_its_line(tmp_path: Path) -> N
 
 
 def test_config_differences_name_each_option() -> None:
-    other = dataclasses.replace(CONFIG, trials=3, strict=True)
-    assert other.differences(CONFIG) == ["trials: 2 in the file, 3 now", "strict: False in the file, True now"]
+    other = dataclasses.replace(CONFIG, trials=3, strict_format=True)
+    assert other.differences(CONFIG) == ["trials: 2 in the file, 3 now", "strict_format: False in the file, True now"]
     assert CONFIG.differences(CONFIG) == []
+
+
+def test_a_run_file_that_recorded_only_strict_reads_it_as_both_switches(tmp_path: Path) -> None:
+    for asked in (False, True):
+        header = {**dataclasses.asdict(CONFIG), "strict": asked}
+        del header["strict_format"], header["strict_truncation"]
+        path = tmp_path / f"asked-{asked}.jsonl"
+        path.write_text(json.dumps({"kind": "header", "version": FORMAT_VERSION, "config": header}) + "\n")
+        assert read_run(path).config.strictness == Strictness(asked, asked)
 
 
 def test_a_task_fixed_before_the_resume_drops_its_old_error(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 
 from terminus_env import config
 from terminus_env.config import ConfigError
+from terminus_env.sandbox import channel as channel_module
 from terminus_env.sandbox.channel import (
     LOCAL_ENGINE_URL,
     Channel,
@@ -23,6 +26,7 @@ from terminus_env.sandbox.channel import (
     direct_unreachable,
     reap_folders,
 )
+from terminus_env.sandbox.errors import SandboxError
 from terminus_env.sandbox.inside.channel import take_channel
 from terminus_env.sandbox.inside.names import DIRECT
 from terminus_env.sandbox.owner import process_start
@@ -164,3 +168,75 @@ def test_a_direct_channel_reads_replies_in_pieces_and_the_daemons_stderr_lines(t
     assert reply["data"] == "x" * 3_000_000
     assert stderr == "Traceback (most recent call last):\n" and dropped == 1
     assert not folder.path.exists()
+
+
+def test_no_connection_is_lost_when_the_wait_for_it_times_out_as_it_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of starts whose daemons connect at random moments while the host's wait for them times out every
+    0.1 ms: each connection lands in some wait's last moment now and then. Every one must be taken (a lost one is
+    a start that fails only at its deadline)."""
+    monkeypatch.setattr(channel_module, "ACCEPT_POLL_S", 1e-4)
+    monkeypatch.setattr(channel_module, "_running", lambda client, container_id: True)
+    rng = random.Random(7)
+
+    async def start(delay_s: float) -> bool:
+        folder = ChannelFolder.make(tmp_path)
+        path = folder.socket_path
+
+        def daemon() -> socket.socket:
+            threading.Event().wait(delay_s)  # the daemon's moment, random within a few milliseconds
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(path)
+            return sock
+
+        connecting = asyncio.get_running_loop().run_in_executor(None, daemon)
+        try:
+            _, writer = await channel_module._accept(None, "c" * 12, folder, 30.0)  # type: ignore[arg-type]
+        except SandboxError:
+            return False
+        finally:
+            (await connecting).close()
+        writer.close()
+        folder.remove()
+        return True
+
+    async def burst() -> list[bool]:
+        taken: list[bool] = []
+        for _ in range(20):
+            taken += await asyncio.gather(*(start(rng.random() * 0.005) for _ in range(20)))
+        return taken
+
+    taken = asyncio.run(burst())
+    assert taken.count(False) == 0, f"{taken.count(False)} of {len(taken)} connections were lost"
+
+
+def frame(stream: int, payload: bytes) -> bytes:
+    """One of Docker's multiplexed frames, as the relay's exec carries the daemon's stdout (1) and stderr (2)."""
+    return bytes([stream, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def test_a_relay_channel_reads_a_reply_cut_into_many_frames_in_linear_work() -> None:
+    """A 12 MB reply in 300,000 frames of 40 bytes, then one large frame that ends it and holds 2,000 more replies.
+    Joining the pieces as they come and cutting the whole buffer again at every frame copies terabytes here (the
+    run never ends); joining them once, when the line ends, copies each byte a few times."""
+    big = json.dumps({"id": 0, "ok": True, "data": "x" * 12_000_000}).encode()
+    cut = len(big) - 10
+    small = [json.dumps({"id": i, "ok": True, "n": i}).encode() for i in range(1, 2001)]
+
+    async def scenario() -> tuple[list[dict[str, Any]], str]:
+        reader = asyncio.StreamReader()
+        channel = Channel(reader, Writer())  # type: ignore[arg-type]
+        asking = [asyncio.ensure_future(channel.request("read", 600)) for _ in range(2001)]
+        await asyncio.sleep(0)
+        reader.feed_data(frame(2, b"a line on the daemon's stderr\n"))
+        reader.feed_data(b"".join(frame(1, big[start : min(start + 40, cut)]) for start in range(0, cut, 40)))
+        reader.feed_data(frame(1, big[cut:] + b"\n" + b"\n".join(small) + b"\n"))
+        replies = await asyncio.gather(*asking)
+        await channel.close()
+        return replies, channel.stderr
+
+    replies, stderr = asyncio.run(scenario())
+    assert replies[0]["data"] == "x" * 12_000_000
+    assert [reply["n"] for reply in replies[1:]] == list(range(1, 2001))
+    assert stderr == "a line on the daemon's stderr\n"

@@ -31,7 +31,15 @@ from terminus_env.sandbox import (
     ensure_image,
     reap,
 )
-from terminus_env.sandbox.channel import CHANNEL_DIR, CHANNEL_SOCKET, Route, folder_root
+from terminus_env.sandbox import channel as channel_module
+from terminus_env.sandbox.channel import (
+    CHANNEL_DIR,
+    CHANNEL_SOCKET,
+    ChannelFolder,
+    Route,
+    channel_route,
+    folder_root,
+)
 from terminus_env.sandbox.owner import Owner
 
 pytestmark = pytest.mark.docker
@@ -308,6 +316,30 @@ def test_missing_image_is_a_clear_error(run: Runner) -> None:
 # --- lifecycle ---------------------------------------------------------------------------------
 
 
+def test_a_burst_of_starts_loses_no_daemon_while_the_wait_for_it_times_out_at_once(
+    run: Runner, client: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every start of a burst succeeds while the host's wait for each daemon's connection times out every 0.1 ms,
+    so that connections keep arriving as a wait ends (a connection lost there fails its start 75 s later)."""
+    monkeypatch.setattr(channel_module, "ACCEPT_POLL_S", 1e-4)
+    monkeypatch.setenv(config.SANDBOX_CHANNEL, Route.DIRECT.value)
+
+    try:
+        channel_route(client, client.info())
+    except ConfigError as exc:  # no local engine shares a folder with this process: no DIRECT route to race
+        if config.env_flag(config.REQUIRE_DOCKER, False):
+            raise
+        pytest.skip(str(exc))
+
+    async def burst() -> list[Sandbox | BaseException]:
+        started = await asyncio.gather(*(Sandbox.start(SPEC) for _ in range(16)), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in started if isinstance(s, Sandbox)))
+        return started
+
+    started = run(burst())
+    assert [s for s in started if not isinstance(s, Sandbox)] == []
+
+
 def test_close_is_idempotent_and_removes_the_container(run: Runner, client: docker.DockerClient) -> None:
     sandbox = run(Sandbox.start(SPEC))
     run(sandbox.close())
@@ -505,18 +537,28 @@ def test_lifetime_backstop_ends_the_container(run: Runner, client: docker.Docker
     ids=["python3", "tmux"],
 )
 def test_an_image_without_python3_or_tmux_is_a_clear_error(
-    run: Runner, client: docker.DockerClient, tmp_path: Path, removed: str, error: str
+    run: Runner, client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, removed: str,
+    error: str,
 ) -> None:
     """The start fails before (python3) or after (tmux) the channel is open: either way it says what the image
-    lacks, and leaves neither the container nor the channel's folder behind."""
+    lacks, and leaves neither the container nor the channel's folder behind. Only this start's folder is looked at:
+    other sandboxes on the host come and go meanwhile."""
     (tmp_path / "Dockerfile").write_text(f"FROM {SPEC.image}\nRUN rm -f {removed}\n")
     tag = ensure_image(tmp_path, f"sandbox-test-no-{removed.split('/')[-1].rstrip('*')}")
-    folders = set(folder_root().iterdir()) if folder_root().is_dir() else set()
+    made: list[ChannelFolder] = []
+    make = ChannelFolder.make
+
+    def recorded(root: Path | None = None) -> ChannelFolder:
+        made.append(make(root))
+        return made[-1]
+
+    monkeypatch.setattr(ChannelFolder, "make", recorded)
     containers = set(containers_of_pid(os.getpid()))
     try:
         with pytest.raises(SandboxError, match=error):
             run(Sandbox.start(SandboxSpec(tag)))
-        assert (set(folder_root().iterdir()) if folder_root().is_dir() else set()) == folders  # its folder went
+        direct = channel_route(client, client.info()) is Route.DIRECT
+        assert len(made) == (1 if direct else 0) and not any(folder.path.exists() for folder in made)
         assert set(containers_of_pid(os.getpid())) <= containers
     finally:
         client.images.remove(tag, force=True)
@@ -562,3 +604,24 @@ def test_pool_skips_a_warm_sandbox_that_died(run: Runner, client: docker.DockerC
 
     dead_id, fresh_id, text = run(scenario())
     assert fresh_id != dead_id and "\nfresh\n" in text
+
+
+def test_pool_hands_out_no_warm_sandbox_too_old_for_an_episode(run: Runner) -> None:
+    """A container ends at its lifetime, counted from its start however long it sat warm. A warm sandbox with less
+    life left than an episode needs would die in the middle of one (an episode lost as the infrastructure's
+    failure): the pool removes it and starts another, which lives through the episode."""
+    spec = SandboxSpec(SPEC.image, lifetime_s=24, life_needed_s=8)
+
+    async def scenario() -> tuple[bool, bool, str]:
+        async with SandboxPool(warm_per_spec=1) as pool:
+            await pool.release(await pool.acquire(spec))
+            await pool.wait_warm()
+            old = pool._warm[spec][0]
+            warm_since = time.monotonic()  # the warm one started before this moment
+            await asyncio.sleep(warm_since + 16.5 - time.monotonic())  # it ages: under 8 s of its 24 s are left
+            episode = await pool.acquire(spec)
+            result = await episode.exec("sleep 8; echo lived", 30)  # an episode as long as the spec says
+            return episode is old, old.closed, result.output
+
+    handed_out_old, old_removed, output = run(scenario())
+    assert not handed_out_old and old_removed and output == "lived\n"

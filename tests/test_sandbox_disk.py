@@ -11,7 +11,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +24,14 @@ from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, DiskWatch, Layer, 
 
 MB = 1024 * 1024
 THREAD = "terminus-env-disk-watch"
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Wait for ``condition``, a state the watch shows; ``timeout_s`` only ends a test that hangs."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("used_mb", "broken"), [(63.9, False), (64.0, False), (64.01, True), (65.0, True)])
@@ -102,23 +110,26 @@ def test_the_watch_reports_a_layer_past_its_limit_once(run: Runner, sandboxes: l
     watch = DiskWatch(docker.from_env(), interval_s=0.2)
     reports: list[float] = []
     reported = threading.Event()
+    rounds: list[dict[str, int]] = []  # what each of the watch's rounds measured
+    measure_all = watch.measure_all
+
+    def measured(layers: list[Layer]) -> dict[str, int]:
+        rounds.append(measure_all(layers))
+        return rounds[-1]
 
     def on_over(used_mb: float) -> None:
         reports.append(used_mb)
         reported.set()
 
+    watch.measure_all = measured  # type: ignore[method-assign]
     watch.add(Layer(sandbox.id, sandbox._layer.engine, 5, False, upper), on_over)  # noqa: SLF001
-    time.sleep(1)
-    assert not reported.is_set(), "an idle sandbox is far below 5 MB"
+    until(lambda: len(rounds) >= 2, "two rounds of the watch")  # the first one's verdict is in once the next starts
+    assert sandbox.id in rounds[0] and not reported.is_set(), "an idle sandbox is measured, far below 5 MB"
     assert run(sandbox.exec("head -c 6000000 /dev/zero > /root/fill", 30)).exit_code == 0
-    assert reported.wait(10), f"the watch ({way}) did not see 6 MB over a 5 MB limit"
-    time.sleep(1)
+    until(reported.is_set, f"the watch ({way}) seeing 6 MB over a 5 MB limit")
+    until(lambda: watch._thread is None, "the watch's thread ending with nothing to watch")  # noqa: SLF001
     assert len(reports) == 1 and reports[0] > 5  # past the limit when seen (maybe mid-write, on a slow machine)
-    assert watch.watched == 0  # reported once, then no longer watched: the watch's thread ends
-    deadline = time.monotonic() + 5
-    while watch._thread is not None:  # noqa: SLF001
-        assert time.monotonic() < deadline, "the watch's thread did not end with nothing to watch"
-        time.sleep(0.1)
+    assert watch.watched == 0  # reported once, then no longer watched: no round can report it again
     run(sandbox.exec("rm -f /root/fill", 30))
 
 

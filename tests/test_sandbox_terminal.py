@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
+from pathlib import Path
 
 import docker
 import pytest
 from sandbox_support import SPEC, Runner, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
-from terminus_env.sandbox import Sandbox, SandboxLost, SandboxSpec, TerminalGone
+from terminus_env.sandbox import (
+    AgentCaused,
+    Sandbox,
+    SandboxError,
+    SandboxLost,
+    SandboxSpec,
+    TerminalGone,
+    ensure_image,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -163,6 +174,24 @@ def test_exit_makes_the_terminal_gone(run: Runner) -> None:
             run(sandbox.terminal.send("echo again\n", 1))
     finally:
         run(sandbox.close())
+
+
+def test_a_shell_that_dies_as_it_starts_is_the_infrastructures_error_not_the_agents(tmp_path: Path) -> None:
+    """The login shell ends before the agent exists (here the image's /etc/profile exits): the start fails with a
+    SandboxError that no one may read as the agent's doing (TerminalGone is the agent's)."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {SPEC.image}\nRUN echo 'exit 3' >> /etc/profile\nLABEL test-run={uuid.uuid4().hex}\n"
+    )  # a tag of this run's own: another run of this test may remove its tag at any moment
+    tag = ensure_image(tmp_path, "sandbox-test-shell-dies")
+    client = docker.from_env()
+    try:
+        with pytest.raises(SandboxError) as failure:
+            asyncio.run(Sandbox.start(SandboxSpec(tag)))
+        assert not isinstance(failure.value, AgentCaused)
+        assert "login shell ended as it started" in str(failure.value)
+    finally:
+        client.images.remove(tag, force=True)
+        client.close()
 
 
 def test_a_killed_container_is_a_lost_sandbox_not_the_agents_doing(run: Runner) -> None:

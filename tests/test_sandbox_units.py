@@ -56,6 +56,8 @@ def test_spec_defaults_hashing_and_validation() -> None:
     assert spec.effective_cpus == DEFAULT_CPUS and spec.effective_memory_mb == DEFAULT_MEMORY_MB
     assert spec == SandboxSpec("img", env={"A": "1"}) and hash(spec) == hash(SandboxSpec("img", env={"A": "1"}))
     assert spec != SandboxSpec("img", env={"A": "2"})
+    assert spec.effective_life_needed_s == spec.lifetime_s / 2
+    assert SandboxSpec("img", lifetime_s=60, life_needed_s=60).effective_life_needed_s == 60
     with pytest.raises(TypeError):
         spec.env["B"] = "2"  # type: ignore[index]
     bad_specs = (
@@ -68,6 +70,8 @@ def test_spec_defaults_hashing_and_validation() -> None:
         {"image": "i", "storage_mb": 0},
         {"image": "i", "lifetime_s": 0},
         {"image": "i", "lifetime_s": 1e308},
+        {"image": "i", "lifetime_s": 60, "life_needed_s": 61},
+        {"image": "i", "life_needed_s": -1},
         {"image": "i", "pids_limit": 0},
     )
     for bad in bad_specs:

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from serving_support import SimProcesses, wait_healthy
+from serving_support import SimProcesses, until, wait_healthy
 
 from terminus_env.serving.admission import AdaptiveAdmission, FixedAdmission
 from terminus_env.serving.client import (
@@ -62,7 +62,7 @@ def test_sessions_stick_and_spread():
             sessions = [f"s{i}" for i in range(6)]
             runs = await asyncio.gather(*(rollout(pool, s, 4) for s in sessions))
             released = [pool.router.replica_of(s) for s in sessions]
-            await asyncio.sleep(0.2)  # a scrape after the last turn
+            await pool._scrape_all()  # the replicas' counters after the last turn
             hits = sum(m.prefix_cache_hits_total for m in pool.latest_metrics().values())
             return runs, released, hits, [a.url, b.url]
 
@@ -111,7 +111,6 @@ def test_admission_caps_live_sessions():
             live["now"] += 1
             live["max"] = max(live["max"], live["now"])
             await pool.chat(f"s{i}", [{"role": "user", "content": "hi"}], max_tokens=50)
-            await asyncio.sleep(0.05)
             live["now"] -= 1
 
     async def main():
@@ -136,7 +135,7 @@ def test_adaptive_admission_is_told_where_each_session_went():
             SimServer(FAST) as b,
             ServingPool([a.url, b.url], "m", admission=admission, scrape_interval_s=0.05) as pool,
         ):
-            await asyncio.sleep(0.2)  # a scrape: the controller learns both replicas' KV
+            await pool._scrape_all()  # the controller learns both replicas' KV (as the start's scrape did)
             return await asyncio.gather(*(one(pool, f"s{i}") for i in range(4)))
 
     placed = run(main())
@@ -271,7 +270,7 @@ def test_no_replica_at_all_is_a_clear_error_after_the_timeout():
                 await pool.chat("s", [{"role": "user", "content": "hi"}], max_tokens=5)
             return time.monotonic() - start
 
-    assert 0.4 < run(main()) < 5
+    assert run(main()) > 0.4  # it waited out the failover timeout (a busy host only makes that longer)
 
 
 def test_a_server_that_dies_between_turns_hands_its_sessions_to_the_others(tmp_path):
@@ -302,9 +301,7 @@ def test_a_server_that_dies_between_turns_hands_its_sessions_to_the_others(tmp_p
             down, failovers = not pool.is_up(victim_url), pool.failovers
             procs.start(*args, port=int(victim_url.rsplit(":", 1)[1]))
             wait_healthy(victim_url)
-            deadline = time.monotonic() + 5
-            while not pool.is_up(victim_url) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await until(lambda: pool.is_up(victim_url), "the restarted replica probed back up")
             later = await asyncio.gather(*(rollout(pool, f"t{i}", 1) for i in range(4)))
             return turns, down, failovers, later, victim_url, survivor_url
 
@@ -322,7 +319,7 @@ def test_requests_at_a_server_that_dies_are_not_replayed_elsewhere(tmp_path):
     """Kill one server while turns are in flight there: the engine may have died of them, so they fail with
     EngineDied naming their session instead of going to the survivor; the survivor's sessions finish."""
     script = tmp_path / "replies.jsonl"
-    # Turn 2 is long (~1.5 s at this time scale), so it is surely in flight when the victim dies.
+    # Turn 2 is long (~1.5 s at this time scale): the victim dies while it runs there.
     script.write_text(json.dumps({"match": "task for", "replies": ["look", "step " * 300, "done"]}) + "\n")
     procs = SimProcesses(tmp_path)
     args = ("--model", "m", "--time-scale", "0.5", "--replies", str(script))
@@ -340,7 +337,10 @@ def test_requests_at_a_server_that_dies_are_not_replayed_elsewhere(tmp_path):
             for event in done:
                 await event.wait()
             placed = {f"s{i}": pool.router.replica_of(f"s{i}") for i in range(4)}
-            await asyncio.sleep(0.2)
+            on_victim = sum(url == victim_url for url in placed.values())
+            async with ReplicaClient(victim_url) as client:  # the victim's sessions' second turns running there
+                while sum(m.num_requests_running for m in (await client.metrics()).values()) < on_victim:
+                    await asyncio.sleep(0.01)
             victim.kill()
             return await runs, placed, pool.failovers, pool.is_up(victim_url), victim_url, survivor_url
 
@@ -449,7 +449,7 @@ def test_a_dropped_health_probe_is_asked_again_before_an_engine_is_called_dead()
     """After a request fails, the pool asks the replica's /health before calling its engine dead. A probe that lands
     on a stale keep-alive connection, or on one reset under load, must be asked again: one such drop after another
     once ended a whole benchmark run with a false EngineDied. A refused connection or a non-200 answer is final."""
-    calls = {"flaky": 0, "sick": 0}
+    calls = {"flaky": 0, "sick": 0, "dropping": 0, "refused": 0}
 
     def flaky(request: httpx.Request) -> httpx.Response:
         calls["flaky"] += 1
@@ -461,12 +461,20 @@ def test_a_dropped_health_probe_is_asked_again_before_an_engine_is_called_dead()
         calls["sick"] += 1
         return httpx.Response(500, text="EngineCore encountered an issue")
 
+    def counted(name: str, error: Exception) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            calls[name] += 1
+            raise error
+
+        return httpx.MockTransport(answer)
+
     async def main():
         clients = {
             "flaky": ReplicaClient("http://x", transport=httpx.MockTransport(flaky)),
             "sick": ReplicaClient("http://x", transport=httpx.MockTransport(sick)),
-            "dropping": ReplicaClient("http://x", transport=httpx.MockTransport(_raise(httpx.ReadError("reset")))),
-            "refused": ReplicaClient(f"http://127.0.0.1:{_free_port()}"),
+            "dropping": ReplicaClient("http://x", transport=counted("dropping", httpx.ReadError("reset"))),
+            "refused": ReplicaClient("http://x", transport=counted("refused", httpx.ConnectError("refused"))),
+            "nothing listens": ReplicaClient(f"http://127.0.0.1:{_free_port()}"),
         }
         out = {}
         for name, client in clients.items():
@@ -477,6 +485,6 @@ def test_a_dropped_health_probe_is_asked_again_before_an_engine_is_called_dead()
 
     out = run(main())
     assert out["flaky"][0] and calls["flaky"] == 3
-    assert not out["sick"][0] and calls["sick"] == 1 and out["sick"][1] < 1.0
-    assert not out["refused"][0] and out["refused"][1] < 1.0
-    assert not out["dropping"][0] and out["dropping"][1] >= 1.4  # it kept asking for the whole window
+    assert not out["sick"][0] and calls["sick"] == 1  # a non-200 answer is final: asked once
+    assert not out["refused"][0] and calls["refused"] == 1 and not out["nothing listens"][0]
+    assert not out["dropping"][0] and calls["dropping"] >= 2 and out["dropping"][1] >= 1.4  # asked again, all window

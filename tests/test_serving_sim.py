@@ -8,8 +8,10 @@ import signal
 
 import httpx
 import pytest
+from serving_support import until
 
 from terminus_env.serving.client import ContextLengthExceeded, ReplicaClient, ReplicaUnavailable, ServingError
+from terminus_env.serving.sim import server as sim_server
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.replies import DEFAULT_REPLY, ScriptedReplies, load_reply_source
 from terminus_env.serving.sim.server import ServerConfig, SimServer
@@ -285,7 +287,7 @@ def test_ignore_eos_generates_max_tokens_as_vllm_does():
     assert c.text == DEFAULT_REPLY and c.token_ids[len(c.text.split())] == IM_END  # the reply, its end, then more
 
 
-def test_a_shared_host_slows_steps_and_holds_requests_in_the_frontend_by_the_requests_open(tmp_path):
+def test_a_shared_host_slows_steps_and_holds_requests_in_the_frontend_by_the_requests_open(tmp_path, monkeypatch):
     """CPU replicas' measured losses (SimConfig.step_contention, frontend_s) change the simulated time only."""
     from terminus_env.serving.sim.engine import SimReplica, SimRequest
 
@@ -301,27 +303,38 @@ def test_a_shared_host_slows_steps_and_holds_requests_in_the_frontend_by_the_req
     assert times == [pytest.approx(0.01), pytest.approx(0.03)]
 
     held = ServerConfig(model="m", time_scale=0.02, engine=SimConfig(frontend_s=((1, 0.0), (2, 10.0))))
+    holds: list[tuple[int, float]] = []  # (requests open, the hold) as the frontend decided each request's
+    real_curve_at = sim_server.curve_at
+
+    def recorded(curve: tuple[tuple[float, float], ...], x: float, default: float) -> float:
+        holds.append((int(x), real_curve_at(curve, x, default)))
+        return holds[-1][1]
+
+    monkeypatch.setattr(sim_server, "curve_at", recorded)
 
     async def main():
         async with SimServer(held) as server, ReplicaClient(server.url) as client:
             loop = asyncio.get_running_loop()
+            replica = server.replicas[0]
 
             async def timed(text: str, tokens: int) -> float:
                 t0 = loop.time()
                 await client.chat("m", [{"role": "user", "content": text}], max_tokens=tokens, ignore_eos=True)
                 return loop.time() - t0
 
-            alone = await timed("hi", 2)  # nothing else open: no hold
+            await timed("hi", 2)  # nothing else open: no hold
             # 1,000 steps of 8 simulated ms: 8 simulated s, 0.16 real s; a short request sent meanwhile is the
             # second open and is held 10 simulated s (0.2 real s) before its first step
             long = asyncio.create_task(timed("long", 1000))
-            await asyncio.sleep(0.02)
-            second = await timed("short", 2)
-            return alone, second, await long
+            await until(replica.has_work, "the long request in the engine")
+            second = asyncio.create_task(timed("short", 2))
+            await until(lambda: replica.frontend_open == 1 or second.done(), "the short request held in the frontend")
+            held_seen = replica.frontend_open == 1
+            return await second, held_seen, await long
 
-    alone, second, long = run(main())
-    assert alone < 0.1 and long > 0
-    assert 0.2 - 0.01 < second < 0.6  # held (without the hold: a few milliseconds)
+    second, held_seen, long = run(main())
+    assert holds == [(1, 0.0), (1, 0.0), (2, 10.0)] and held_seen and long > 0
+    assert second > 0.2 - 0.01  # 10 simulated s at 0.02 real s each (a busy host only makes it longer)
 
 
 def test_a_curve_is_a_flag_and_a_bad_one_is_refused(tmp_path):

@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from serving_support import TINY_SHAPES, write_checkpoint
+from serving_support import TINY_SHAPES, running_at, until, write_checkpoint
 
 from terminus_env.serving import ReplicaClient, ServingError, ServingPool
 from terminus_env.serving.checkpoint import CheckpointError
@@ -46,21 +46,26 @@ def test_a_sync_holds_new_requests_lets_running_ones_finish_and_resets_the_prefi
             await probe_hits(a.url)
             warm = await probe_hits(a.url)
             async with pool.session("long"), pool.session("during"):
-                long = asyncio.create_task(pool.chat("long", PROMPT, max_tokens=150, ignore_eos=True))
-                await asyncio.sleep(0.2)  # at its replica when the sync starts
+                long = asyncio.create_task(pool.chat("long", PROMPT, max_tokens=300, ignore_eos=True))
+                await until(lambda: running_at(a, b) == 1, "the long request running at its replica")
                 step = write_checkpoint(tmp_path / "step-7")
                 sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(step)), version=7))
-                await asyncio.sleep(0)
+                await until(lambda: not pool._open.is_set(), "the sync holding new requests")
+                running_when_held = not long.done()
+                versions_at_its_end: list[tuple[str | None, str | None]] = []
+                long.add_done_callback(lambda _: versions_at_its_end.append((a.weight_version, b.weight_version)))
                 during = await pool.chat("during", PROMPT, max_tokens=2)
                 report, finished = await sync, await long
             cold = await probe_hits(a.url)
-            return warm, cold, report, finished, during, pool.policy_version, (a, b)
+            return warm, cold, report, finished, during, pool.policy_version, (a, b), running_when_held, \
+                versions_at_its_end
 
-    warm, cold, report, finished, during, version, servers = run(main())
-    assert finished.completion_tokens == 150 and finished.policy_version is None  # finished on the old weights
+    warm, cold, report, finished, during, version, servers, running_when_held, versions_at_its_end = run(main())
+    assert running_when_held, "the long request (2.4 s) ended before the sync began: no hold to see"
+    assert finished.completion_tokens == 300 and finished.policy_version is None  # finished on the old weights
+    assert versions_at_its_end == [(FRESH_WEIGHT_VERSION, FRESH_WEIGHT_VERSION)]  # before any replica loaded
     assert during.policy_version == 7 and version == 7
     assert report.version == "7" and set(report.replicas) == {s.url for s in servers} and report.skipped == ()
-    assert report.held_s > 0.2  # held until the running request had drained
     assert all(s.weights_path == str((tmp_path / "step-7").resolve()) and s.weight_version == "7" for s in servers)
     assert warm > 0 and cold == 0  # the prefix cached before the sync is not reused after it
 
@@ -78,10 +83,7 @@ def test_a_replica_that_was_down_loads_the_synced_weights_before_it_takes_sessio
             report = await pool.sync_weights(CheckpointReload(str(write_checkpoint(tmp_path / "s1"))), version="s1")
             back = SimServer(synced)
             await back.start(port=port)
-            for _ in range(100):
-                if pool.is_up(back.url):
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: pool.is_up(back.url), "the replica back in the pool")
             up = pool.is_up(back.url)
             await a.aclose()
             await back.aclose()
@@ -268,16 +270,13 @@ def test_a_replica_back_with_other_weights_than_the_pool_can_load_stays_out(tmp_
     async def main():
         async with SimServer(synced) as a, SimServer(synced) as b:
             a.weight_version = b.weight_version = "12"
-            async with ServingPool([a.url, b.url], "m", scrape_interval_s=0.05) as pool:
+            async with ServingPool([a.url, b.url], "m", scrape_interval_s=3600) as pool:  # scraped by hand only
                 pool._mark_down(b.url, RuntimeError("restarted"))
                 b.weight_version = FRESH_WEIGHT_VERSION
-                await asyncio.sleep(0.3)
+                await pool._scrape_all()  # b answers /health: the scrape that would take it back, and does not
                 out_before_sync = not pool.is_up(b.url)
                 await pool.sync_weights(CheckpointReload(str(write_checkpoint(tmp_path / "step-13"))), version=13)
-                for _ in range(100):
-                    if pool.is_up(b.url):
-                        break
-                    await asyncio.sleep(0.05)
+                await pool._scrape_all()  # now it loads the pool's weights and comes back
                 return out_before_sync, pool.is_up(b.url), b.weight_version
 
     assert run(main()) == (True, True, "13")

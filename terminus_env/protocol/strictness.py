@@ -33,6 +33,13 @@ class Strictness:
     strict_format: bool
     strict_truncation: bool
 
+    @property
+    def label(self) -> str:
+        """"strict", "lenient", or which of the two is strict, for a person to read."""
+        if self.strict_format == self.strict_truncation:
+            return "strict" if self.strict_format else "lenient"
+        return "strict format, lenient truncation" if self.strict_format else "lenient format, strict truncation"
+
     @classmethod
     def from_env(
         cls,

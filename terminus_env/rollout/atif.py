@@ -52,7 +52,8 @@ def agent_spec(config: RunConfig) -> AgentSpec:
     options = {
         "protocol": "terminus-2-xml",
         "policy": config.policy,
-        "strict": config.strict,
+        "strict_format": config.strict_format,
+        "strict_truncation": config.strict_truncation,
         "max_turns": config.max_turns,
         "max_turn_tokens": config.max_turn_tokens,
         "sampling": dict(config.sampling),

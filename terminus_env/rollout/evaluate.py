@@ -1,10 +1,11 @@
 """``terminus-env eval``: run a task suite through the env, streaming results to disk, then score it.
 
 Lenient by default, like Terminal-Bench, so scores compare with public results; ``--strict``
-applies the training semantics. ``--oracle`` replaces the model with each task's solution, which
-checks the env end to end; ``--sim N`` serves that oracle from N simulated vLLM replicas through
-the serving pool, which checks the whole rollout path (routing, HTTP, token accounting) as well;
-``--flaky-oracle SEED`` solves some tasks some of the time, to see the statistics at work.
+applies the training semantics, as do SWE_EVAL_STRICT_FORMAT and SWE_EVAL_STRICT_TRUNCATION each for its half.
+The strictness is resolved once, here, handed to every env and recorded in the run file. ``--oracle`` replaces
+the model with each task's solution, which checks the env end to end; ``--sim N`` serves that oracle from N
+simulated vLLM replicas through the serving pool, which checks the whole rollout path (routing, HTTP, token
+accounting) as well; ``--flaky-oracle SEED`` solves some tasks some of the time, to see the statistics at work.
 
 A run made to last hours: a task that does not load or build is a row with its error and the run
 goes on; each rollout is written to the run file as it ends (and to a Harbor job folder, for the
@@ -27,7 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from terminus_env.config import EVAL_STRICT_FORMAT, EVAL_STRICT_TRUNCATION, ConfigError
 from terminus_env.errors import TerminusError
+from terminus_env.protocol.strictness import Strictness
 from terminus_env.rollout import stats
 from terminus_env.rollout.atif import agent_spec
 from terminus_env.rollout.harbor_job import HarborJob, JobFolderError
@@ -55,6 +58,7 @@ _SETTLE_S = 60.0
 RUNS_DIR = Path("runs")
 """Where a run file goes when ``--output`` is not given."""
 EXIT_INTERRUPTED = 130
+_LENIENT = Strictness(strict_format=False, strict_truncation=False)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,16 +77,23 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    try:  # resolved here, once: the env is handed both switches, and the run file records what it ran
+        asked = True if args.strict else None
+        strictness = Strictness.from_env("eval", strict_format=asked, strict_truncation=asked)
+    except ConfigError as exc:
+        print(f"terminus-env: {exc}", file=sys.stderr)
+        return 2
     config = RunConfig(
         folder=str(Path(args.folder).resolve()),
         names=tuple(args.name or ()),
         trials=args.trials,
         policy=_policy_name(args),
-        strict=bool(args.strict),
+        strict_format=strictness.strict_format,
+        strict_truncation=strictness.strict_truncation,
         max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
         sampling=_sampling(args),
-        summarize=not (args.strict or args.no_summarize),
+        summarize=strictness == _LENIENT and not args.no_summarize,  # the env summarizes in lenient eval only
         summarize_threshold=args.summarize_threshold,
         context_window=args.context_window or _served_context_window(args),
     )
@@ -94,7 +105,8 @@ def main(args: argparse.Namespace) -> int:
         if differences:
             log.close()
             print(f"cannot resume {path} with other options ({'; '.join(differences)}): resume with the run's own "
-                  "options, or start a new run with another --output", file=sys.stderr)  # fmt: skip
+                  f"options{_strictness_hint(config, previous.config)}, or start a new run with another --output",
+                  file=sys.stderr)  # fmt: skip
             return 2
     else:
         log, previous = RunLog.create(path, config), RunContents(config)
@@ -187,8 +199,15 @@ def _settings(config: RunConfig) -> str:
     else:
         summary = (f"summarization under {effective_threshold(config.summarize_threshold, window)} free tokens of "
                    f"{window}, or when the server refuses a request")  # fmt: skip
-    mode = "strict" if config.strict else "lenient"
-    return f"{mode}, {turns}, {sampling}, {summary}"
+    return f"{config.strictness.label}, {turns}, {sampling}, {summary}"
+
+
+def _strictness_hint(now: RunConfig, then: RunConfig) -> str:
+    """How to get the run's strictness back, when that is what differs."""
+    if now.strictness == then.strictness:
+        return ""
+    return (f" (it ran {then.strictness.label}: {EVAL_STRICT_FORMAT}={int(then.strict_format)} "
+            f"{EVAL_STRICT_TRUNCATION}={int(then.strict_truncation)}, or --strict where both are 1)")  # fmt: skip
 
 
 def _check_limits(args: argparse.Namespace) -> str | None:
@@ -275,7 +294,8 @@ async def _evaluate(
         "mode": "eval",
         "max_turns": config.max_turns,
         "max_turn_tokens": turn_tokens(config),
-        **({"strict_format": True, "strict_truncation": True} if config.strict else {}),
+        "strict_format": config.strict_format,
+        "strict_truncation": config.strict_truncation,
     }
     summarize = SummarizeConfig(enabled=config.summarize, threshold=config.summarize_threshold,
                                 context_window=config.context_window)  # fmt: skip

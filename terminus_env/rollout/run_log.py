@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from terminus_env.errors import TerminusError
+from terminus_env.protocol.strictness import Strictness
 
 FORMAT_VERSION = 1
 
@@ -50,7 +51,10 @@ class RunConfig:
     names: tuple[str, ...]
     trials: int
     policy: str
-    strict: bool
+    strict_format: bool
+    """Whether a rejected turn ended its episode, as the env resolved it (``--strict`` or SWE_EVAL_STRICT_FORMAT)."""
+    strict_truncation: bool
+    """Whether a turn that filled the token limit ended its episode (``--strict`` or SWE_EVAL_STRICT_TRUNCATION)."""
     max_turns: int | None
     max_turn_tokens: int
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +64,10 @@ class RunConfig:
     summarize_threshold: int = 8000
     context_window: int | None = None
     """The model's context in tokens, as the server reported it (or ``--context-window``); None when unknown."""
+
+    @property
+    def strictness(self) -> Strictness:
+        return Strictness(self.strict_format, self.strict_truncation)
 
     def differences(self, other: RunConfig) -> list[str]:
         """Human-readable ``name: ours vs theirs`` for every option that differs."""
@@ -207,12 +215,23 @@ def _record(path: Path, number: int, line: bytes, *kinds: RecordKind) -> Any:
         if kind is RecordKind.HEADER:
             if entry.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {entry.get('version')!r}, this terminus-env reads {FORMAT_VERSION}")
-            return RunConfig(**{**entry["config"], "names": tuple(entry["config"]["names"])})
+            return RunConfig(**_config_fields(entry["config"]))
         if kind is RecordKind.ROLLOUT:
             return RolloutRecord(**entry)
         return TaskErrorRecord(**{**entry, "stage": TaskStage(entry["stage"])})
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RunFileError(f"{path}:{number}: not an eval run record ({exc}); was it edited by hand?") from exc
+
+
+def _config_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """A header's run options as RunConfig takes them. A file written before the two switches were recorded holds
+    only ``strict`` (what ``--strict`` asked): it stands for both."""
+    options = {**raw, "names": tuple(raw["names"])}
+    if "strict" in options:
+        asked = bool(options.pop("strict"))
+        options.setdefault("strict_format", asked)
+        options.setdefault("strict_truncation", asked)
+    return options
 
 
 def _plain(value: Any) -> Any:

@@ -86,6 +86,28 @@ relay.recv(1)
 _STDERR_KEEP = 4000
 _SPLIT_MARGIN_S = 15.0  # beyond the handover time: how long the main process may take to split the container
 _EXHAUSTED = {errno.EAGAIN, errno.ENOMEM}
+ACCEPT_POLL_S = 1.0
+"""How long one wait for the daemon's connection lasts before the start's deadline is looked at again."""
+ENGINE_CHECK_S = 1.0
+"""How often a start waiting for the daemon asks Docker whether the container still runs."""
+
+
+class _Lines:
+    """Cuts a byte stream into lines. A line that comes in many pieces (a reply may be megabytes, in frames of a few
+    bytes) is joined once, when it ends: each byte is copied a bounded number of times, however it was cut."""
+
+    def __init__(self) -> None:
+        self._start: list[bytes] = []  # the pieces of the line not yet ended
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines that ``chunk`` ends, without their newlines."""
+        if b"\n" not in chunk:
+            self._start.append(chunk)
+            return []
+        *lines, tail = chunk.split(b"\n")
+        lines[0] = b"".join([*self._start, lines[0]])
+        self._start = [tail] if tail else []
+        return lines
 
 
 class Channel:
@@ -165,7 +187,7 @@ class Channel:
         return reply
 
     async def _read_frames(self) -> None:
-        buffer = b""
+        lines = _Lines()
         try:
             while True:
                 header = await self._reader.readexactly(8)
@@ -174,9 +196,7 @@ class Channel:
                 if stream == 2:
                     self._stderr = (self._stderr + payload)[-_STDERR_KEEP:]
                     continue
-                buffer += payload
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
+                for line in lines.feed(payload):
                     self._deliver(line)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
@@ -184,16 +204,10 @@ class Channel:
             self._fail_all()
 
     async def _read_lines(self) -> None:
-        pending: list[bytes] = []  # the start of a line (a reply may be megabytes: joined once, when it ends)
+        lines = _Lines()
         try:
             while chunk := await self._reader.read(1 << 16):
-                if b"\n" not in chunk:
-                    pending.append(chunk)
-                    continue
-                *lines, tail = chunk.split(b"\n")
-                lines[0] = b"".join(pending) + lines[0]
-                pending = [tail]
-                for line in lines:
+                for line in lines.feed(chunk):
                     self._deliver(line)
         except (ConnectionError, OSError):
             pass
@@ -408,27 +422,50 @@ def reap_folders(root: Path | None = None) -> int:
 async def _accept(
     client: docker.DockerClient, container_id: str, folder: ChannelFolder, wait_s: float
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Take the daemon's connection on ``folder``'s socket (the folder goes if none comes). Once a second Docker
-    is asked whether the container still runs (a main process that died at once never connects): not more often,
-    as a burst of starts waits on the same engine."""
-    assert folder.listener is not None, "a channel folder listens once"
+    """Take the daemon's connection on ``folder``'s socket (the folder goes if none comes).
+
+    The wait is for the listener to become readable; the accept itself is a plain non-blocking call of ours, so a
+    connection the kernel took is never dropped by a wait that timed out at the same moment. Every ENGINE_CHECK_S
+    Docker is asked whether the container still runs (a main process that died at once never connects): not more
+    often, as a burst of starts waits on the same engine."""
+    listener = folder.listener
+    assert listener is not None, "a channel folder listens once"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
+    next_check = loop.time() + ENGINE_CHECK_S
     try:
         while True:
             try:
-                connection, _ = await asyncio.wait_for(loop.sock_accept(folder.listener), 1.0)
+                connection, _ = listener.accept()
                 break
-            except asyncio.TimeoutError:
-                if not await asyncio.to_thread(_running, client, container_id):
-                    raise _stopped_at_once(container_id, "") from None
-                if loop.time() > deadline:
-                    raise SandboxError(
-                        f"the main process of container {container_id[:12]} did not start the sandbox daemon within "
-                        f"{wait_s:g} s; if the engine cannot see {folder.path}, set {config.SANDBOX_CHANNEL}=relay"
-                    ) from None
+            except (BlockingIOError, InterruptedError):
+                pass
+            await _readable(listener, ACCEPT_POLL_S)
+            if loop.time() < next_check:
+                continue
+            if not await asyncio.to_thread(_running, client, container_id):
+                raise _stopped_at_once(container_id, "")
+            if loop.time() > deadline:
+                raise SandboxError(
+                    f"the main process of container {container_id[:12]} did not start the sandbox daemon within "
+                    f"{wait_s:g} s; if the engine cannot see {folder.path}, set {config.SANDBOX_CHANNEL}=relay"
+                )
+            next_check = loop.time() + ENGINE_CHECK_S
     except BaseException:
         folder.remove()
         raise
     folder.stop_listening()
+    connection.setblocking(False)
     return await asyncio.open_connection(sock=connection)
+
+
+async def _readable(sock: socket.socket, timeout_s: float) -> None:
+    """Return once ``sock`` is readable, or after ``timeout_s``; reads nothing."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await asyncio.wait({ready}, timeout=timeout_s)
+    finally:
+        loop.remove_reader(sock.fileno())
+        ready.cancel()

@@ -18,6 +18,9 @@ class SandboxPool:
 
     ``max_warm`` caps the warm sandboxes of all specs together (None: no cap): a spec acquired now takes the places
     of the specs acquired longest ago, so a pool that sees many tasks does not keep a warm container for each.
+
+    A container ends at its lifetime, counted from its start however long it sat warm: a warm sandbox is handed out
+    only while it has the spec's ``life_needed_s`` left, and removed once it has not.
     """
 
     def __init__(
@@ -92,7 +95,7 @@ class SandboxPool:
         warm = self._warm.get(spec, [])
         while warm:
             sandbox = warm.pop(0)
-            if sandbox.alive:
+            if sandbox.alive and sandbox.life_left_s >= spec.effective_life_needed_s:
                 return sandbox
             self._remove_in_background(sandbox)
         return None

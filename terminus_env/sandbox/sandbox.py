@@ -89,9 +89,10 @@ class Sandbox:
     def __init__(
         self, spec: SandboxSpec, client: docker.DockerClient, container_id: str, channel: Channel,
         terminal: Terminal, user: str | None, layer: Layer, services: EpisodeServices | None = None,
-        workdir: str | None = None,
+        workdir: str | None = None, *, born: float,
     ) -> None:  # fmt: skip
         self.spec = spec
+        self._ends = born + spec.lifetime_s  # ``born``: before the container started, so this is before its own end
         self.id = container_id
         self.workdir = workdir or spec.workdir
         """Where the terminal, commands and the verifier start: the task's workdir, else the image's WORKDIR."""
@@ -129,6 +130,7 @@ class Sandbox:
     async def _start_container(
         cls, spec: SandboxSpec, client: docker.DockerClient, run: str, services: EpisodeServices | None
     ) -> Sandbox:
+        born = time.monotonic()  # before the container's main process starts its lifetime's clock
         creating = asyncio.ensure_future(asyncio.to_thread(_create, client, spec, run, services))
         try:
             container_id, image, layer, folder = await asyncio.shield(creating)
@@ -149,7 +151,7 @@ class Sandbox:
             if channel is not None:  # its reading task and its folder go too (Channel.open cleans up after itself)
                 await channel.close()
             raise
-        return cls(spec, client, container_id, channel, terminal, user, layer, services, workdir)
+        return cls(spec, client, container_id, channel, terminal, user, layer, services, workdir, born=born)
 
     async def exec(
         self, cmd: str, timeout: float, *, user: str | None = None, env: Mapping[str, str] | None = None,
@@ -276,6 +278,11 @@ class Sandbox:
     def alive(self) -> bool:
         """Not closed, and its control channel (hence its container) is still up."""
         return not self._closed and not self._channel.closed
+
+    @property
+    def life_left_s(self) -> float:
+        """How long the container has before its lifetime ends it (never more than it really has)."""
+        return max(self._ends - time.monotonic(), 0.0)
 
     async def lost_to_agent(self) -> bool:
         """Whether the agent's doing ended this sandbox's control daemon (see :func:`lost_by_agent`)."""

@@ -47,6 +47,10 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
     lifetime_s: float = 4 * 3600
+    """How long the container lives, counted from its start: then it ends, whatever runs in it."""
+    life_needed_s: float | None = None
+    """How much of its lifetime a sandbox must have left to be handed out for an episode (the agent's and the
+    verifier's limits, with a margin): a warm pool removes an older one instead. None: half of ``lifetime_s``."""
     user: str | None = None  # the terminal's and exec's default user; None: the image's USER
     capabilities: tuple[str, ...] = CAPABILITIES
     shm_size_mb: int | None = None  # None: Docker's 64 MB
@@ -64,6 +68,7 @@ class SandboxSpec:
         _check_range("memory_mb", self.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB, f"or None for {DEFAULT_MEMORY_MB}")
         _check_range("storage_mb", self.storage_mb, MIN_STORAGE_MB, MAX_STORAGE_MB, f"or None for {DEFAULT_STORAGE_MB}")
         _check_range("lifetime_s", self.lifetime_s, 1, MAX_LIFETIME_S, "")
+        _check_range("life_needed_s", self.life_needed_s, 0, self.lifetime_s, "(lifetime_s), or None for its half")
         _check_range("pids_limit", self.pids_limit, MIN_PIDS, MAX_PIDS, "")
         _check_range("shm_size_mb", self.shm_size_mb, 1, MAX_MEMORY_MB, "or None for Docker's default")
         object.__setattr__(self, "env", MappingProxyType({str(k): str(v) for k, v in self.env.items()}))
@@ -77,7 +82,8 @@ class SandboxSpec:
     def _key(self) -> tuple:
         return (
             self.image, self.effective_cpus, self.effective_memory_mb, self.effective_storage_mb, self.pids_limit,
-            self.allow_internet, tuple(sorted(self.env.items())), self.workdir, self.lifetime_s, self.user,
+            self.allow_internet, tuple(sorted(self.env.items())), self.workdir, self.lifetime_s,
+            self.effective_life_needed_s, self.user,
             self.capabilities, self.shm_size_mb, self.tmpfs, self.extra_hosts, self.services,
         )  # fmt: skip
 
@@ -92,6 +98,10 @@ class SandboxSpec:
     @property
     def effective_storage_mb(self) -> int:
         return DEFAULT_STORAGE_MB if self.storage_mb is None else int(self.storage_mb)
+
+    @property
+    def effective_life_needed_s(self) -> float:
+        return self.lifetime_s / 2 if self.life_needed_s is None else float(self.life_needed_s)
 
 
 def _check_range(name: str, value: float | None, low: float, high: float, hint: str) -> None:

@@ -3,7 +3,8 @@
 Every operation is one request on the sandbox's control channel; the wait for the shell to be
 idle runs inside the container (see inside/terminal.py), so it ends within milliseconds of the prompt
 coming back instead of after the full duration. The terminal lives on the agent's side: when it
-stops working, that is what the agent did to it (TerminalGone), never a fault of the host.
+stops working, that is what the agent did to it (TerminalGone), never a fault of the host; except while it starts,
+before the agent exists, when a shell that dies is the image's or the host's fault (SandboxError).
 """
 
 from __future__ import annotations
@@ -83,7 +84,13 @@ class Terminal:
             raise SandboxError(f"cannot start tmux in the sandbox ({detail}); the image needs tmux and bash")
         pane_pid, pane_tty = reply["out"].split()
         terminal = cls(channel, int(pane_pid), pane_tty, user)
-        await terminal.send("", 10)  # wait for the login shell's first prompt
+        try:
+            await terminal.send("", 10)  # wait for the login shell's first prompt
+        except AgentCaused as exc:  # the shell died before the agent existed: the image's or the host's doing
+            raise SandboxError(
+                f"the terminal's login shell ended as it started ({exc}); look at the image's /etc/profile and the "
+                "user's ~/.bash_profile (`bash --login` must keep running), or start the sandbox again"
+            ) from exc
         return terminal
 
     async def send(self, keystrokes: str, duration: float) -> float:

@@ -111,11 +111,13 @@ async def check_task(path: Path, report: Callable[[CheckOutcome], None]) -> list
 
 async def run_one_check(task: Task, image: str, check: str) -> CheckOutcome:
     """A fresh container; the oracle applied if `check` is "oracle"; then graded."""
+    from terminus_env.sandbox import Sandbox
+
     start = time.monotonic()
     sandbox = None
     detail = ""
     try:
-        sandbox = await _start_sandbox(task, image)
+        sandbox = await Sandbox.start(task.sandbox_spec(image))
         if check == "oracle":
             detail = await _apply_oracle(sandbox, task)
         result = await grade(sandbox, task)
@@ -154,17 +156,6 @@ async def run_train_check(task: Task, check: str) -> CheckOutcome:
     why = summary.grade_reason or summary.failure or summary.error or ""
     detail = "" if passed else _one_line(f"ended {summary.end_reason.value}" + (f": {why}" if why else ""))
     return CheckOutcome(task.name, check, summary.reward, passed, duration, detail)
-
-
-async def _start_sandbox(task: Task, image: str) -> Sandbox:
-    """Start the task's container; again if its terminal died while starting (seen once under heavy build load)."""
-    from terminus_env.sandbox import Sandbox, TerminalGone
-
-    try:
-        return await Sandbox.start(task.sandbox_spec(image))
-    except TerminalGone as exc:
-        print(f"warning: {task.name}: the terminal died while starting ({exc}); retrying once", file=sys.stderr)
-        return await Sandbox.start(task.sandbox_spec(image))
 
 
 async def _apply_oracle(sandbox: Sandbox, task: Task) -> str:

@@ -92,7 +92,8 @@ class Task:
         """The container this task's episodes run in, built from `image` (see `task_image`)."""
         from terminus_env.sandbox import SandboxSpec
 
-        lifetime = self.build_timeout_s + self.agent_time_limit_s + self.verifier_timeout_s + _LIFETIME_MARGIN_S
+        episode = self.agent_time_limit_s + self.verifier_timeout_s + _LIFETIME_MARGIN_S
+        lifetime = self.build_timeout_s + episode
         return SandboxSpec(
             image=image,
             cpus=self.cpus,
@@ -103,6 +104,7 @@ class Task:
             workdir=self.workdir,
             user=self.agent_user,
             lifetime_s=max(lifetime, 4 * 3600.0),
+            life_needed_s=episode,
             **({} if self.pids_limit is None else {"pids_limit": self.pids_limit}),
             shm_size_mb=self.shm_size_mb,
             tmpfs=self.tmpfs,
