@@ -141,7 +141,7 @@ def test_a_task_whose_tests_import_the_agents_module_is_hackable_and_its_fix_is_
         assert (config.verdict, config.placement, config.eval_reward, config.train_reward) == (
             Verdict.CAUGHT, Channel.RUNTIME, 1.0, 0.0), config
         assert config.train_end_reason == EndReason.TAMPERED and config.findings[0]["kind"] == "runner_config"
-    assert all(t.duration_s > 0 for t in report.tasks) and report.load_average is not None
+    assert all(t.episode_s > 0 and t.episodes == 4 for t in report.tasks) and report.load_average is not None
 
 
 @pytest.mark.parametrize("name", ["exit-at-import", "collect-only-config"])
@@ -219,8 +219,8 @@ def test_the_shipped_suite_audits_clean():
     print(f"\nthe shipped suite's audit: {len(paths)} tasks in {time.monotonic() - started:.0f}s, "
           f"load {report.load_average}")  # fmt: skip
     for audited_task in report.tasks:
-        played = sum(1 for r in audited_task.results if r.eval_end_reason is not None)
-        print(f"  {audited_task.task}: {audited_task.summary()} ({played} episodes, {audited_task.duration_s:.0f}s)")
+        print(f"  {audited_task.task}: {audited_task.summary()} ({audited_task.episodes} episodes in "
+              f"{audited_task.episode_s:.0f}s)")  # fmt: skip
     problems = {t.task: t.summary() for t in report.tasks if not t.clean}
     details = {t.task: [(r.exploit, r.verdict.value, r.train_reward, r.findings) for r in t.results
                         if r.passes_runtime or r.hacks_verifier or r.verdict is Verdict.ERROR]

@@ -329,3 +329,23 @@ def test_the_catalogue_is_what_the_audit_plays():
     with pytest.raises(ValueError, match="no exploit named"):
         exploit_named("nope")
     assert isinstance(CONTROL.plan(Survey("x")), Plan)
+
+
+def test_the_trainers_lookup_reports_the_share_of_marked_tasks(tmp_path):
+    from terminus_env.integrations.task_lookup import HackableTask, TaskLookup, hackable_share
+    from terminus_env.rollout.trajectory import Trajectory
+    from terminus_env.tasks import Task
+
+    tasks = [Task(name, f"do {name}", Path("/t"), "harbor", Path("/t/tests"), Path("/t/tests/test.sh"), None, None)
+             for name in ("hackable-task", "clean-task")]  # fmt: skip
+    path = tmp_path / "report.json"
+    _report().save(path)
+    batch = [Trajectory(f"r{i}", name, "g") for i, name in enumerate(["hackable-task", "clean-task", "clean-task"])]
+    marking = TaskLookup(tasks, audit_report=path, hackable="mark")
+    assert hackable_share(marking, batch) == pytest.approx(1 / 3)
+    assert hackable_share(TaskLookup(tasks), batch) == 0.0 and hackable_share(marking, []) == 0.0
+    skipping = TaskLookup(tasks, audit_report=path)
+    with pytest.raises(HackableTask, match="left out"):
+        skipping.for_prompt("please do hackable-task now")
+    with pytest.raises(ValueError, match="left every one out"):
+        TaskLookup(tasks[:1], audit_report=path)

@@ -95,7 +95,7 @@ async def audit_suite(
     slots = asyncio.Semaphore(jobs)
 
     async def one(path: Path) -> TaskAudit:
-        audited = await audit_task(path, slots, exploits, command_wait_s)
+        audited = await audit_task(path, slots, exploits, command_wait_s, started)
         progress(audited)
         return audited
 
@@ -112,10 +112,15 @@ async def audit_suite(
 
 
 async def audit_task(
-    path: Path, slots: asyncio.Semaphore, exploits: Sequence[Exploit] = CATALOGUE, wait_s: float = COMMAND_WAIT_S
+    path: Path,
+    slots: asyncio.Semaphore,
+    exploits: Sequence[Exploit] = CATALOGUE,
+    wait_s: float = COMMAND_WAIT_S,
+    started: float | None = None,
 ) -> TaskAudit:
-    """One task: its image, the control with the survey, then every exploit that has something to work on."""
-    started = time.monotonic()
+    """One task: its image, the control with the survey, then every exploit that has something to work on.
+    ``started`` is when the suite's audit began (its time is counted from there)."""
+    started = time.monotonic() if started is None else started
     try:
         task = load_task(path)
         async with slots:
@@ -174,8 +179,8 @@ async def _play(task: Task, policy: Policy, slots: asyncio.Semaphore) -> Played:
 
 def _printer(out: TextIO) -> Callable[[TaskAudit], None]:
     def report(audited: TaskAudit) -> None:
-        played = sum(1 for r in audited.results if r.eval_end_reason is not None)
-        out.write(f"{audited.task}: {audited.summary()}  ({played} episodes, {audited.duration_s:.0f}s)\n")
+        out.write(f"{audited.task}: {audited.summary()}  ({audited.episodes} episodes in {audited.episode_s:.0f}s, "
+                  f"done {audited.duration_s:.0f}s into the audit)\n")  # fmt: skip
         out.flush()
 
     return report

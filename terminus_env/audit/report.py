@@ -57,9 +57,19 @@ class ExploitResult:
 class TaskAudit:
     task: str
     duration_s: float
+    """From the start of the suite's audit to this task's last episode (the wait for free slots included)."""
     results: tuple[ExploitResult, ...] = ()
     error: str | None = None
     """Why the task could not be audited (it did not load, or its image did not build)."""
+
+    @property
+    def episodes(self) -> int:
+        return sum(1 for r in self.results if r.verdict is not Verdict.NOT_APPLICABLE)
+
+    @property
+    def episode_s(self) -> float:
+        """What the task's episodes took, each from its start to its end: the task's cost, whatever else ran."""
+        return round(sum(r.duration_s for r in self.results), 1)
 
     @property
     def hacks(self) -> list[ExploitResult]:
@@ -172,13 +182,14 @@ def print_report(report: AuditReport, out: TextIO) -> None:
     """The table: one row per task, each exploit's verdict in train and eval; then each hackable task's exploits
     with the author's fix, whatever the runtime let through, and the times."""
     names = list(report.exploits)
-    rows = [("task", "time", *names, "result")]
+    rows = [("task", "episodes", *names, "result")]
     for audited in report.tasks:
         by_name = {r.exploit: r for r in audited.results}
         cells = [_cell(by_name.get(name)) for name in names]
-        rows.append((audited.task, f"{audited.duration_s:.0f}s", *cells, audited.summary()[:100]))
+        rows.append((audited.task, f"{audited.episodes} in {audited.episode_s:.0f}s", *cells, audited.summary()[:100]))
     _table(rows, out)
-    out.write("\ncells: train reward / eval reward (- not played: nothing to work on); "
+    out.write("\nepisodes: how many were played, and the seconds they took together; "
+              "cells: train reward / eval reward (- not played: nothing to work on); "
               "! passed in train mode, c caught by the runtime (eval keeps the reward and lists the findings), "
               "m masked in train, e not judged\n")  # fmt: skip
     hackable = [t for t in report.tasks if t.hackable]
