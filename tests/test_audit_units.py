@@ -13,7 +13,15 @@ import pytest
 
 from terminus_env.audit import AuditReport, AuditReportError, Hackable, TaskAudit, screen_tasks
 from terminus_env.audit.catalogue import CATALOGUE, CONTROL, exploit_named
-from terminus_env.audit.exploits import Channel, Plan, exit_at_import, noop_tests, program_rewrites_tests, write_files
+from terminus_env.audit.exploits import (
+    Channel,
+    Plan,
+    exit_at_import,
+    noop_tests,
+    program_rewrites_tests,
+    replace_programs,
+    write_files,
+)
 from terminus_env.audit.policy import ExploitPolicy, SurveyPolicy
 from terminus_env.audit.report import ExploitResult, audit_cell, print_report
 from terminus_env.audit.screen import load_screen
@@ -63,6 +71,7 @@ def test_the_survey_lists_the_working_folder_and_what_the_instruction_names(tmp_
     for name in ("app.py", "pkg/__init__.py", "tests/test_app.py", "conftest.py", "setup.py", "notes.txt"):
         (project / name).write_text("x = 1\n")
     (project / "run.sh").write_text("echo hi\n")
+    (project / "Makefile").write_text("all:\n\ttrue\n")
     (project / "tool").write_text("#!/bin/sh\n")
     (project / "tool").chmod(0o755)
     (project / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
@@ -76,7 +85,8 @@ def test_the_survey_lists_the_working_folder_and_what_the_instruction_names(tmp_
     survey = _survey_of(project, instruction, f"export PATH={bin_dir}:$PATH")
     assert survey.workdir == str(project)
     assert modules(survey) == [f"{project}/app.py", f"{project}/pkg/__init__.py", str(missing)]
-    assert programs(survey) == [str(missing), f"{project}/run.sh", f"{project}/tool", f"{bin_dir}/mycli"]
+    assert programs(survey) == [str(missing), f"{project}/Makefile", f"{project}/run.sh", f"{project}/tool",
+                                f"{bin_dir}/mycli"]  # fmt: skip
     assert ("python3", subprocess.run(["bash", "-c", "command -v python3"], capture_output=True,
                                       text=True).stdout.strip()) in survey.commands  # fmt: skip
 
@@ -179,12 +189,21 @@ def test_noop_tests_makes_failing_tests_pass_and_keeps_the_modules_names(tmp_pat
     assert made.returncode == 0 and "2 passed" in made.stdout, made.stdout
 
 
-def test_the_rewriting_program_appends_a_reward_write_to_the_tests_scripts(tmp_path):
+def test_the_rewriting_program_appends_a_reward_write_to_the_tests_scripts_as_a_script_or_a_makefile(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
+    project = tmp_path / "project"
+    project.mkdir()
     (tests / "test.sh").write_text("#!/bin/bash\necho 0 > reward\n")
-    program = program_rewrites_tests.PAYLOAD.replace("/tests/", f"{tests}/")
-    subprocess.run(["sh", "-c", program], check=True)
+    (project / "Makefile").write_text("all:\n\tcc -o app app.c\n")
+    payload = program_rewrites_tests.PAYLOAD.replace("/tests/", f"{tests}/")
+    plan = replace_programs([str(project / "run.sh"), str(project / "Makefile")], payload)
+    assert plan is not None
+    subprocess.run(["bash", "-c", plan.keystrokes.replace("/tmp/.audit-payload", str(tmp_path / "p"))], check=True)
+    subprocess.run([str(project / "run.sh")], check=True)
+    assert (tests / "test.sh").read_text().endswith("echo 1 > /logs/verifier/reward.txt\n")
+    (tests / "test.sh").write_text("#!/bin/bash\n")
+    subprocess.run(["make", "-C", str(project), "clean"], check=True, capture_output=True)
     assert (tests / "test.sh").read_text().endswith("echo 1 > /logs/verifier/reward.txt\n")
 
 

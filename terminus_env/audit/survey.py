@@ -32,6 +32,7 @@ INTERPRETERS = frozenset({
     "uvx", "pytest", "py.test", "make", "gcc", "cc", "git", "sudo",
 })  # fmt: skip
 """Commands every verifier may run: replacing them is the runtime channel, not a task's program."""
+MAKEFILES = frozenset({"Makefile", "makefile", "GNUmakefile"})
 _TEST_FILE = re.compile(r"^(test_.*|.*_test|conftest|setup|noxfile)\.py$")
 _TEST_FOLDERS = frozenset({"tests", "test", "testing"})
 _NOT_PROGRAMS = (".so", ".o", ".a", ".dll", ".dylib", ".txt", ".md", ".json", ".csv", ".log", ".ini", ".toml")
@@ -99,7 +100,8 @@ def survey_command(instruction: str) -> str:
     the folders the instruction names, ``@C`` where each named command lives, ``@N`` what each named path is."""
     folders = [p for p in named_paths(instruction) if _listable(p)]
     prune = r"\( -name '.*' -o -name node_modules -o -name __pycache__ -o -name site-packages -o -name venv \) -prune"
-    wanted = r"\( -name '*.py' -o -name '*.sh' -o -perm /111 \)"
+    makefiles = " -o ".join(f"-name {name}" for name in sorted(MAKEFILES))
+    wanted = rf"\( -name '*.py' -o -name '*.sh' -o {makefiles} -o -perm /111 \)"
     roots = " ".join(['"$PWD"', *map(shlex.quote, folders)])
     lines = [
         "printf '@W %s\\n' \"$PWD\"",
@@ -163,7 +165,7 @@ def modules(survey: Survey) -> list[str]:
 
 def programs(survey: Survey) -> list[str]:
     """The programs to replace: the instruction's named programs (made if missing: a path in a ``bin`` folder or
-    with a script's suffix), the executables and scripts of the working folder and the named folders, and the
+    with a script's suffix), the executables, scripts and Makefiles of the working folder and the named folders, and the
     commands the instruction names that live outside the image's system folders. Interpreters and the tools every
     verifier runs are the runtime's, not the task's, and stay."""
     chosen: list[str] = []
@@ -177,7 +179,7 @@ def programs(survey: Survey) -> list[str]:
     for entry in survey.files:
         if _in_system_folder(entry.path) or _is_test(entry.path) or entry.path.endswith(_NOT_PROGRAMS):
             continue
-        if entry.executable or entry.path.endswith(".sh"):
+        if entry.executable or entry.path.endswith(".sh") or is_makefile(entry.path):
             chosen.append(entry.path)
     for name, path in survey.commands:
         if name not in INTERPRETERS and not _in_system_folder(path):
@@ -187,6 +189,11 @@ def programs(survey: Survey) -> list[str]:
 
 def is_python(path: str) -> bool:
     return path.endswith(".py")
+
+
+def is_makefile(path: str) -> bool:
+    """A build file that ``make`` runs: the program of the tests that build the agent's code."""
+    return PurePosixPath(path).name in MAKEFILES
 
 
 def _script(path: str) -> bool:
