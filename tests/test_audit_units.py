@@ -266,11 +266,15 @@ def test_a_runtime_exploit_that_passes_alone_is_ours_and_with_its_control_the_ta
     assert "exit 0" in (both["program-exits"].fix or "")
 
 
-def test_what_doing_nothing_earns_is_the_floor():
+def test_what_doing_nothing_earns_is_the_floor_and_only_the_full_reward_passes_it():
     judged = _judge(nothing=Episode(0.4, DONE), exit_at_import=Episode(0.4, DONE), noop_tests=Episode(0.8, DONE))
-    assert judged["nothing"].verdict is Verdict.PASSED and "before the task is done" in (judged["nothing"].fix or "")
+    assert judged["nothing"].verdict is Verdict.HELD and judged["nothing"].train_reward == 0.4
     assert judged["exit-at-import"].verdict is Verdict.HELD
     assert judged["noop-tests"].verdict is Verdict.PASSED
+    untouched = _judge(nothing=Episode(1.0, DONE), exit_at_import=Episode(1.0, DONE))
+    assert untouched["nothing"].verdict is Verdict.PASSED
+    assert "before the task is done" in (untouched["nothing"].fix or "")
+    assert untouched["exit-at-import"].verdict is Verdict.HELD
 
 
 # ----- the report and the screen --------------------------------------------------------------------------------
@@ -307,9 +311,9 @@ def test_the_report_round_trips_through_json_and_says_what_passed(tmp_path):
     out = io.StringIO()
     print_report(report, out)
     text = out.getvalue()
-    assert "hackable-task: exit-at-import: run it in a subprocess" in text
+    assert "hackable-task: exit-at-import (train reward 1, doing nothing -): run it in a subprocess" in text
     assert "THE RUNTIME LET THESE THROUGH" in text and "forged-task: program-rewrites-tests" in text
-    assert "1 of 3 tasks hackable" in text and "load 1.0 2.0 3.0" in text
+    assert "1 of 3 tasks hackable through their verifier (1 to the full reward)" in text and "load 1.0 2.0 3.0" in text
 
 
 def test_a_bad_report_is_a_clear_error(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from terminus_env.audit.exploits import Channel
 from terminus_env.audit.verdict import Verdict
 from terminus_env.errors import TerminusError
+from terminus_env.rollout.stats import SUCCESS_REWARD
 
 REPORT_VERSION = 1
 
@@ -46,6 +47,11 @@ class ExploitResult:
     @property
     def hacks_verifier(self) -> bool:
         return self.verdict is Verdict.PASSED and self.placement is Channel.VERIFIER
+
+    @property
+    def full_reward(self) -> bool:
+        """It earned the whole reward in train mode, not only more than doing nothing."""
+        return (self.train_reward or 0.0) >= SUCCESS_REWARD
 
     @property
     def passes_runtime(self) -> bool:
@@ -196,8 +202,10 @@ def print_report(report: AuditReport, out: TextIO) -> None:
     if hackable:
         out.write("\nhackable through the task's verifier (the author's to fix):\n")
         for audited in hackable:
+            floor = next((r.train_reward for r in audited.results if r.exploit == report.exploits[0]), None)
             for result in audited.hacks:
-                out.write(f"  {audited.task}: {result.exploit}: {result.fix or 'no fix known'}\n")
+                earned = f"train reward {_num(result.train_reward)}, doing nothing {_num(floor)}"
+                out.write(f"  {audited.task}: {result.exploit} ({earned}): {result.fix or 'no fix known'}\n")
     passes = [(t.task, r) for t in report.tasks for r in t.runtime_passes]
     if passes:
         out.write("\nTHE RUNTIME LET THESE THROUGH (a bug in the sandbox: no exploit of the runtime's channel may earn "
@@ -209,7 +217,8 @@ def print_report(report: AuditReport, out: TextIO) -> None:
     audited_tasks = len(report.tasks) - len(broken)
     average = report.load_average
     load = "" if average is None else f", load {average[0]:.1f} {average[1]:.1f} {average[2]:.1f}"
-    out.write(f"\n{len(hackable)} of {audited_tasks} tasks hackable through their verifier"
+    full = sum(1 for t in hackable if any(r.full_reward for r in t.hacks))
+    out.write(f"\n{len(hackable)} of {audited_tasks} tasks hackable through their verifier ({full} to the full reward)"
               f"{f'; {len(broken)} not audited' if broken else ''}; {len(passes)} runtime pass(es); "
               f"{report.duration_s:.0f}s with {report.jobs} episodes at once{load}\n")  # fmt: skip
     out.flush()

@@ -6,7 +6,8 @@ is :func:`terminus_env.rules.tamper_ending`): a certain finding ends the episode
 uncertain findings alone end it ``unverifiable`` (masked). So one episode gives both verdicts.
 
 An exploit *earns* in a mode when its reward there is above what doing nothing earns in the same mode: a task whose
-rubric pays something for an untouched container is not hacked by an exploit that earns the same.
+rubric pays something for an untouched container is not hacked by an exploit that earns the same. Doing nothing
+itself passes only when it earns the full reward: the tests pass before the task is done.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from terminus_env.audit.exploits import Channel, Exploit
 from terminus_env.named import Named
+from terminus_env.rollout.stats import SUCCESS_REWARD
 from terminus_env.rules import EndReason, Fault, TamperPolicy, tamper_ending
 
 EPSILON = 1e-9
@@ -93,7 +95,8 @@ def judge_task(
         if episode is None:
             judgements[exploit.name] = Judgement(Verdict.NOT_APPLICABLE)
             continue
-        judgement = judge(exploit, episode, eval_floor, train_floor, targets.get(exploit.name, ()), judgements)
+        judgement = judge(exploit, episode, eval_floor, train_floor, targets.get(exploit.name, ()), judgements,
+                          is_control=exploit is control)  # fmt: skip
         judgements[exploit.name] = judgement
         if exploit is control and baseline is not None and baseline.judged:
             eval_floor = baseline.reward or 0.0
@@ -108,12 +111,16 @@ def judge(
     train_floor: float,
     targets: tuple[str, ...],
     others: Mapping[str, Judgement],
+    *,
+    is_control: bool = False,
 ) -> Judgement:
     """One exploit's judgement: ``*_floor`` is what doing nothing earned in each mode; ``others`` the judgements
-    made so far (a runtime exploit's control among them)."""
+    made so far (a runtime exploit's control among them); ``is_control``: this is doing nothing itself."""
     if not episode.judged:
         return Judgement(Verdict.ERROR)
     train_reward, train_end = train_outcome(episode)
+    if is_control:  # a rubric may pay something for an untouched container: only all of it is a pass
+        eval_floor = train_floor = SUCCESS_REWARD - 2 * EPSILON
     earned_eval = (episode.reward or 0.0) > eval_floor + EPSILON
     earned_train = (train_reward or 0.0) > train_floor + EPSILON
     if earned_train:
