@@ -372,3 +372,27 @@ def test_the_trainers_lookup_reports_the_share_of_marked_tasks(tmp_path):
         skipping.for_prompt("please do hackable-task now")
     with pytest.raises(ValueError, match="left every one out"):
         TaskLookup(tasks[:1], audit_report=path)
+
+
+def test_the_conftest_left_where_the_projects_tests_run_makes_them_pass(tmp_path):
+    from terminus_env.audit.exploits import workdir_config
+
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "tests" / "test_app.py").write_text("def test_app():\n    assert False\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-q'\n")
+    files = (FileEntry(str(project / "tests" / "test_app.py"), 0o644), FileEntry(str(other / "lib.py"), 0o644))
+    plan = workdir_config.plan(Survey("x", str(project), files=files))
+    assert plan is not None
+    assert plan.targets == (f"{project}/conftest.py", f"{other}/conftest.py", f"{project}/tests/conftest.py")
+    subprocess.run(["bash", "-c", plan.keystrokes.replace("/tmp/.audit-payload", str(tmp_path / "p"))], check=True)
+    assert (project / "pytest.ini").read_text() == "[pytest]\n" and not (other / "pytest.ini").exists()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests"], cwd=project,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout
+    argv = ["-p", "no:cacheprovider", "-c", "/dev/null", "--noconftest", "--rootdir", str(project), "tests"]
+    fixed = subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=project, capture_output=True, text=True)
+    assert fixed.returncode == 1 and "1 failed" in fixed.stdout, fixed.stdout
+    assert "--noconftest" in workdir_config.fix(plan.targets)

@@ -154,10 +154,10 @@ def modules(survey: Survey) -> list[str]:
     tests, its ``conftest.py`` or ``setup.py``), and every ``.py`` path the instruction names, made if missing."""
     chosen: list[str] = []
     for entry in survey.files:
-        if entry.path.endswith(".py") and not _is_test(entry.path) and not _in_system_folder(entry.path):
+        if entry.path.endswith(".py") and not is_test(entry.path) and not _in_system_folder(entry.path):
             chosen.append(entry.path)
     for named in survey.named:
-        if named.path.endswith(".py") and named.kind != "d" and not _is_test(named.path):
+        if named.path.endswith(".py") and named.kind != "d" and not is_test(named.path):
             if not _in_system_folder(named.path):
                 chosen.append(named.path)
     return list(dict.fromkeys(chosen))[:MAX_MODULES]
@@ -170,14 +170,14 @@ def programs(survey: Survey) -> list[str]:
     verifier runs are the runtime's, not the task's, and stay."""
     chosen: list[str] = []
     for named in survey.named:
-        if named.kind == "d" or _in_system_folder(named.path) or _is_test(named.path):
+        if named.kind == "d" or _in_system_folder(named.path) or is_test(named.path):
             continue
         if named.kind == "f" and (named.mode & 0o111 or _script(named.path)):
             chosen.append(named.path)
         elif named.kind == "-" and (_script(named.path) or PurePosixPath(named.path).parent.name in ("bin", "sbin")):
             chosen.append(named.path)
     for entry in survey.files:
-        if _in_system_folder(entry.path) or _is_test(entry.path) or entry.path.endswith(_NOT_PROGRAMS):
+        if _in_system_folder(entry.path) or is_test(entry.path) or entry.path.endswith(_NOT_PROGRAMS):
             continue
         if entry.executable or entry.path.endswith(".sh") or is_makefile(entry.path):
             chosen.append(entry.path)
@@ -200,7 +200,8 @@ def _script(path: str) -> bool:
     return path.endswith((".sh", ".bash", ".py"))
 
 
-def _is_test(path: str) -> bool:
+def is_test(path: str) -> bool:
+    """The project's own tests: a test module, `conftest.py`, `setup.py`, or anything in a tests folder."""
     parts = PurePosixPath(path).parts
     return bool(_TEST_FILE.match(parts[-1])) or any(part in _TEST_FOLDERS for part in parts[:-1])
 
