@@ -249,6 +249,9 @@ def test_verdicts_in_both_modes():
     assert judged["collect-only-config"].train_end_reason == "tampered"
     assert judged["passing-conftest"].verdict is Verdict.MASKED
     assert judged["env-addopts"].verdict is Verdict.ERROR
+    timed_out = Episode(0.0, DONE, (), None, "verifier timed out after 60s")
+    slow = _judge(nothing=Episode(0.0, DONE), exit_at_import=timed_out)
+    assert slow["exit-at-import"].verdict is Verdict.ERROR  # a 0 from a verifier out of time proves nothing
     assert judged["program-exits"].verdict is Verdict.NOT_APPLICABLE
     assert judged["reward-path"].verdict is Verdict.HELD
 

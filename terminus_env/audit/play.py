@@ -152,13 +152,14 @@ async def audit_task(
             train_reward=judgement.train_reward, train_end_reason=judgement.train_end_reason,
             findings=tuple(dict(f) for f in episode.findings) if episode else (),
             duration_s=round(run.duration_s, 1) if run else 0.0, error=episode.error if episode else None,
+            grade_reason=episode.grade_reason if episode else None,
         ))  # fmt: skip
     return TaskAudit(task.name, round(time.monotonic() - started, 1), tuple(results))
 
 
 async def _play(task: Task, policy: Policy, slots: asyncio.Semaphore) -> Played:
-    """One episode in eval mode, tried again once if the infrastructure failed it. Its time counts from when it got
-    its slot."""
+    """One episode in eval mode, tried again once if the infrastructure failed it or its verifier ran out of time.
+    Its time counts from when it got its slot."""
     episode, duration = Episode(None, None, error="not played"), 0.0
     for attempt in range(1 + RETRIES):
         async with slots:
@@ -171,7 +172,7 @@ async def _play(task: Task, policy: Policy, slots: asyncio.Semaphore) -> Played:
             episode = Episode(None, None, error=_one_line(trajectory.error or "the episode did not start"))
         else:
             findings = tuple(dict(f) for f in summary.tampering)
-            episode = Episode(summary.reward, summary.end_reason.value, findings, summary.error)
+            episode = Episode(summary.reward, summary.end_reason.value, findings, summary.error, summary.grade_reason)
         if episode.judged:
             break
     return Played(episode, duration)

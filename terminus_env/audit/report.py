@@ -43,6 +43,8 @@ class ExploitResult:
     findings: tuple[dict[str, Any], ...] = ()
     duration_s: float = 0.0
     error: str | None = None
+    grade_reason: str | None = None
+    """Why the verifier's reward is what it is, when it did not say so itself (a timeout, a missing reward file)."""
 
     @property
     def hacks_verifier(self) -> bool:
@@ -172,7 +174,7 @@ def _result(data: Mapping[str, Any]) -> ExploitResult:
         fix=data.get("fix"), eval_reward=data.get("eval_reward"), eval_end_reason=data.get("eval_end_reason"),
         train_reward=data.get("train_reward"), train_end_reason=data.get("train_end_reason"),
         findings=tuple(data.get("findings", ())), duration_s=float(data.get("duration_s", 0.0)),
-        error=data.get("error"),
+        error=data.get("error"), grade_reason=data.get("grade_reason"),
     )  # fmt: skip
 
 
@@ -213,6 +215,11 @@ def print_report(report: AuditReport, out: TextIO) -> None:
         for task, result in passes:
             kinds = ", ".join(sorted({str(f.get("kind")) for f in result.findings})) or "no finding"
             out.write(f"  {task}: {result.exploit} ({result.verdict}, train {_num(result.train_reward)}, {kinds})\n")
+    unjudged = [(t.task, r) for t in report.tasks for r in t.errors]
+    if unjudged:
+        out.write("\nnot judged (played once more, and failed again):\n")
+        for task, result in unjudged:
+            out.write(f"  {task}: {result.exploit}: {result.error or result.grade_reason or result.eval_end_reason}\n")
     broken = [t for t in report.tasks if t.error is not None]
     audited_tasks = len(report.tasks) - len(broken)
     average = report.load_average

@@ -21,6 +21,8 @@ from terminus_env.rollout.stats import SUCCESS_REWARD
 from terminus_env.rules import EndReason, Fault, TamperPolicy, tamper_ending
 
 EPSILON = 1e-9
+VERIFIER_TIMED_OUT = "verifier timed out"
+"""How the grade's reason begins when the verifier ran out of time (``terminus_env.tasks.grading.grade``)."""
 
 
 class Verdict(Named):
@@ -50,11 +52,21 @@ class Episode:
     end_reason: str | None
     findings: tuple[Mapping[str, object], ...] = ()
     error: str | None = None
+    """What failed, when the episode did not end or the infrastructure ended it."""
+    grade_reason: str | None = None
+    """Why the verifier's reward is what it is, when it did not say so itself (``EpisodeSummary.grade_reason``)."""
+
+    @property
+    def timed_out(self) -> bool:
+        """The verifier ran out of time: a 0 that says nothing of the exploit (a loaded host, a slow build)."""
+        return (self.grade_reason or "").startswith(VERIFIER_TIMED_OUT)
 
     @property
     def judged(self) -> bool:
-        """It ended, and not by the infrastructure's fault (whatever the agent's side did is judged)."""
-        return self.end_reason is not None and EndReason(self.end_reason).fault is not Fault.INFRASTRUCTURE
+        """It ended, not by the infrastructure's fault (whatever the agent's side did is judged), and its verifier
+        finished."""
+        ended = self.end_reason is not None and EndReason(self.end_reason).fault is not Fault.INFRASTRUCTURE
+        return ended and not self.timed_out
 
 
 @dataclass(frozen=True)
