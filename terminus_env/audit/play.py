@@ -33,7 +33,8 @@ from terminus_env.tasks.loader import shipped_tasks_dir, task_dirs
 MODE = "eval"
 """The verifier's reward stands and the findings are listed: both verdicts from one episode."""
 RETRIES = 1
-"""A further try for an episode the infrastructure failed (Docker, a sandbox that did not start)."""
+"""A further try for an episode the infrastructure failed (Docker, a sandbox that did not start) or whose verifier ran
+out of time."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,22 @@ def run_audit(
     try:
         paths = task_dirs(root, names)
         chosen = select(exploits)
+        if output is not None and output.is_dir():
+            raise ValueError(f"--output {output} is a folder: name the report's file (report.json)")
     except (TaskError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = asyncio.run(audit_suite(paths, jobs, folder=str(root.resolve()), exploits=chosen,
-                                     progress=_printer(sys.stdout)))  # fmt: skip
+    done: list[TaskAudit] = []
+    names_played = tuple(e.name for e in chosen)
+
+    def finished(audited: TaskAudit) -> None:  # the report so far, on disk as each task ends: a stopped run keeps it
+        _printer(sys.stdout)(audited)
+        done.append(audited)
+        if output is not None:
+            partial = f"partial: {len(done)} of {len(paths)} tasks"
+            AuditReport(str(root.resolve()), names_played, jobs, 0.0, tasks=tuple(done), notes=(partial,)).save(output)
+
+    report = asyncio.run(audit_suite(paths, jobs, folder=str(root.resolve()), exploits=chosen, progress=finished))
     print()
     print_report(report, sys.stdout)
     if output is not None:
