@@ -399,3 +399,16 @@ def test_the_conftest_left_where_the_projects_tests_run_makes_them_pass(tmp_path
     fixed = subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=project, capture_output=True, text=True)
     assert fixed.returncode == 1 and "1 failed" in fixed.stdout, fixed.stdout
     assert "--noconftest" in workdir_config.fix(plan.targets)
+
+
+def test_bad_arguments_are_refused_before_anything_plays(tmp_path, capsys):
+    from terminus_env.audit.play import run_audit
+
+    (tmp_path / "suite" / "one").mkdir(parents=True)
+    (tmp_path / "suite" / "one" / "task.toml").write_text('version = "1.0"\n')
+    assert run_audit(tmp_path / "suite", output=tmp_path) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert run_audit(tmp_path / "suite", exploits=["nope"]) == 2
+    assert "no exploit named 'nope'" in capsys.readouterr().err
+    assert run_audit(tmp_path / "suite", jobs=0) == 2
+    assert run_audit(tmp_path / "missing") == 2
