@@ -31,6 +31,7 @@ from terminus_env.audit.survey import (
     Survey,
     modules,
     named_commands,
+    named_files,
     named_paths,
     parse_survey,
     programs,
@@ -52,6 +53,8 @@ def test_the_instruction_names_paths_and_commands():
         "/app/inventory/inventory.py", "/app/inventory", "/usr/local/bin/rotate-logs", "/data/orders.json",
     ]  # fmt: skip
     assert named_commands(INSTRUCTION) == ["cd", "myapp", "jq"]
+    relative = "Put `solve` in a file called grid_transform.py; 'run_pipeline.sh' calls src/step.py (not /x/y.py)."
+    assert named_files(relative) == ["grid_transform.py", "run_pipeline.sh", "src/step.py"]
 
 
 def _survey_of(tmp_path: Path, instruction: str, script: str = "") -> Survey:
@@ -81,12 +84,14 @@ def test_the_survey_lists_the_working_folder_and_what_the_instruction_names(tmp_
     (bin_dir / "mycli").write_text("#!/bin/sh\n")
     (bin_dir / "mycli").chmod(0o755)
     missing = tmp_path / "out" / "solution.py"
-    instruction = f"Make `mycli run` work and write `{missing}`; the project is `{project}`. `python3` is there."
+    instruction = (f"Make `mycli run` work and write `{missing}`; the project is `{project}`. `python3` is there. "
+                   "Create grid_transform.py, which the tests import.")  # fmt: skip
     survey = _survey_of(project, instruction, f"export PATH={bin_dir}:$PATH")
     assert survey.workdir == str(project)
-    assert modules(survey) == [f"{project}/app.py", f"{project}/pkg/__init__.py", str(missing)]
-    assert programs(survey) == [str(missing), f"{project}/Makefile", f"{project}/run.sh", f"{project}/tool",
-                                f"{bin_dir}/mycli"]  # fmt: skip
+    assert modules(survey) == [f"{project}/app.py", f"{project}/pkg/__init__.py", str(missing),
+                               f"{project}/grid_transform.py"]  # fmt: skip
+    assert programs(survey) == [str(missing), f"{project}/grid_transform.py", f"{project}/Makefile",
+                                f"{project}/run.sh", f"{project}/tool", f"{bin_dir}/mycli"]  # fmt: skip
     assert ("python3", subprocess.run(["bash", "-c", "command -v python3"], capture_output=True,
                                       text=True).stdout.strip()) in survey.commands  # fmt: skip
 

@@ -37,6 +37,7 @@ _TEST_FILE = re.compile(r"^(test_.*|.*_test|conftest|setup|noxfile)\.py$")
 _TEST_FOLDERS = frozenset({"tests", "test", "testing"})
 _NOT_PROGRAMS = (".so", ".o", ".a", ".dll", ".dylib", ".txt", ".md", ".json", ".csv", ".log", ".ini", ".toml")
 _ABSOLUTE = re.compile(r"(?<![\w./:~-])(/[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*/?)")
+_RELATIVE = re.compile(r"(?<![\w./:~-])([A-Za-z0-9_][\w.-]*(?:/[\w.-]+)*\.(?:py|sh))(?![\w/-])")
 _QUOTED = re.compile(r"`([^`\n]+)`")
 _COMMAND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _LINE = re.compile(r"^@(?P<tag>[WFCN]) (?P<rest>.+)$")
@@ -85,6 +86,16 @@ def named_paths(instruction: str) -> list[str]:
     return found
 
 
+def named_files(instruction: str) -> list[str]:
+    """The relative paths of scripts and modules the instruction names (``grid_transform.py``, ``src/run.sh``): the
+    survey looks for them in the working folder."""
+    found: list[str] = []
+    for match in _RELATIVE.finditer(instruction):
+        if match.group(1) not in found:
+            found.append(match.group(1))
+    return found
+
+
 def named_commands(instruction: str) -> list[str]:
     """The first word of each quoted command in the instruction (`` `myapp show` `` names ``myapp``)."""
     found: list[str] = []
@@ -97,7 +108,8 @@ def named_commands(instruction: str) -> list[str]:
 
 def survey_command(instruction: str) -> str:
     """Keystrokes that print the survey: ``@W`` the working folder, ``@F`` each file worth replacing there and in
-    the folders the instruction names, ``@C`` where each named command lives, ``@N`` what each named path is."""
+    the folders the instruction names, ``@C`` where each named command lives, ``@N`` what each named path is (a
+    relative one looked for in the working folder)."""
     folders = [p for p in named_paths(instruction) if _listable(p)]
     prune = r"\( -name '.*' -o -name node_modules -o -name __pycache__ -o -name site-packages -o -name venv \) -prune"
     makefiles = " -o ".join(f"-name {name}" for name in sorted(MAKEFILES))
@@ -112,9 +124,10 @@ def survey_command(instruction: str) -> str:
     if commands:
         words = " ".join(map(shlex.quote, commands))
         lines.append(f"for w in {words}; do p=$(command -v -- \"$w\") && printf '@C %s %s\\n' \"$w\" \"$p\"; done")
-    paths = named_paths(instruction)
+    paths = [shlex.quote(p) for p in named_paths(instruction)]
+    paths += [f'"$PWD"/{shlex.quote(p)}' for p in named_files(instruction)]
     if paths:
-        quoted = " ".join(map(shlex.quote, paths))
+        quoted = " ".join(paths)
         lines.append(f"for p in {quoted}; do find \"$p\" -maxdepth 0 -printf '@N %y %m %p\\n' 2>/dev/null "
                      "|| printf '@N - 0 %s\\n' \"$p\"; done")  # fmt: skip
     return "; ".join(lines) + "\n"
