@@ -71,8 +71,6 @@ class Survey:
     commands: tuple[tuple[str, str], ...] = ()
     """The instruction's commands that resolve to a program, with its path."""
     named: tuple[NamedPath, ...] = ()
-    listing_cut: bool = False
-    """The working folder held more than the survey lists."""
 
 
 def named_paths(instruction: str) -> list[str]:
@@ -118,7 +116,7 @@ def survey_command(instruction: str) -> str:
     lines = [
         "printf '@W %s\\n' \"$PWD\"",
         f"for d in {roots}; do [ \"$d\" != / ] && find \"$d\" -maxdepth {LISTING_DEPTH} {prune} -o -type f {wanted} "
-        f"-printf '@F %m %p\\n'; done 2>/dev/null | sort -u | head -n {MAX_LISTED + 1}",
+        f"-printf '@F %m %p\\n'; done 2>/dev/null | sort -u | head -n {MAX_LISTED}",
     ]
     commands = named_commands(instruction)
     if commands:
@@ -157,9 +155,8 @@ def parse_survey(instruction: str, text: str) -> Survey:
             if len(parts) == 3 and parts[2].startswith("/") and _octal(parts[1]) is not None:
                 named.append(NamedPath(parts[2], "d" if parts[0] == "d" else "f" if parts[0] == "f" else "-",
                                        _octal(parts[1]) or 0))  # fmt: skip
-    cut = len(files) > MAX_LISTED
     return Survey(instruction, workdir, tuple(dict.fromkeys(files[:MAX_LISTED])), tuple(dict.fromkeys(commands)),
-                  tuple(dict.fromkeys(named)), cut)  # fmt: skip
+                  tuple(dict.fromkeys(named)))  # fmt: skip
 
 
 def modules(survey: Survey) -> list[str]:
