@@ -39,7 +39,13 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 def _cmd_tasks_check(args: argparse.Namespace) -> int:
     from terminus_env.tasks.check import run_check
 
-    return run_check(args.folder, jobs=args.jobs, names=args.name or None)
+    return run_check(args.folder, jobs=args.jobs, names=args.name or None, audit=args.audit)
+
+
+def _cmd_tasks_audit(args: argparse.Namespace) -> int:
+    from terminus_env.audit.play import run_audit
+
+    return run_audit(args.folder, jobs=args.jobs, names=args.name or None, output=args.output, exploits=args.exploit)
 
 
 def _cmd_tasks_list(args: argparse.Namespace) -> int:
@@ -96,7 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
     check.add_argument("--name", action="append", help="check only this task (repeatable)")
+    check.add_argument("--audit", type=Path, metavar="REPORT", help="show what this `tasks audit` report found")
     check.set_defaults(func=_cmd_tasks_check)
+    audit = tasks_sub.add_parser(
+        "audit", help="play generic exploits against every task: which verifiers pass without the task solved"
+    )
+    audit.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
+    audit.add_argument("--jobs", "-j", type=int, default=4, help="episodes played at once")
+    audit.add_argument("--name", action="append", help="audit only this task (repeatable)")
+    audit.add_argument("--output", "-o", type=Path, help="write the report as JSON here")
+    audit.add_argument("--exploit", action="append", help="play only this exploit, beside the control (repeatable)")
+    audit.set_defaults(func=_cmd_tasks_audit)
     listing = tasks_sub.add_parser("list", help="print the suite: name, category, difficulty")
     listing.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
     listing.set_defaults(func=_cmd_tasks_list)
@@ -182,6 +198,14 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --output, skipping the rollouts it already holds"
     )
+    parser.add_argument(
+        "--audit-report", type=Path, metavar="FILE",
+        help="a report of `terminus-env tasks audit`: the tasks it found hackable are left out, or marked (--hackable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hackable", choices=("skip", "mark"), default="skip",
+        help="with --audit-report: leave the hackable tasks out (skip, the default) or play them and mark their rows",
+    )  # fmt: skip
     parser.add_argument(
         "--jobs-dir", type=Path, default=Path("jobs"),
         help="where the run is also written in Harbor's job layout, as JOBS_DIR/<run file's name>/ (default: jobs)",

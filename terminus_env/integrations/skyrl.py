@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import skyrl_gym
@@ -32,7 +33,7 @@ from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, Gene
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from terminus_env.env import TerminusEnv
-from terminus_env.integrations.task_lookup import TaskLookup
+from terminus_env.integrations.task_lookup import TaskLookup, hackable_share
 from terminus_env.metrics import aggregate
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import Policy, Rollout
@@ -58,9 +59,11 @@ class TerminusGenerator(GeneratorInterface):
         sandbox_pool: SandboxPool | None = None,
         max_sandboxes: int = 8,
         pad_token_id: int = 0,
+        audit_report: str | Path | None = None,
+        hackable: str = "skip",
     ) -> None:
         self.policy = policy
-        self.tasks = TaskLookup(tasks)
+        self.tasks = TaskLookup(tasks, audit_report=audit_report, hackable=hackable)
         self.masking = masking
         self.pad_token_id = pad_token_id
         self.runner = RolloutRunner(
@@ -123,6 +126,7 @@ class TerminusGenerator(GeneratorInterface):
         rollout_metrics = {f"terminus/{k}": float(v) for k, v in metrics.items()}
         rollout_metrics.update({f"terminus/end_reason/{k}": float(v) for k, v in end_reasons.items()})
         rollout_metrics["terminus/masked_steps"] = float(sum(1 for m in out["loss_masks"] if not any(m)))
+        rollout_metrics["terminus/hackable_share"] = hackable_share(self.tasks, trajectories)
         return GeneratorOutput(
             prompt_token_ids=out["prompt_token_ids"],
             response_ids=out["response_ids"],

@@ -38,7 +38,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from terminus_env.bridge import shared_loop
-from terminus_env.integrations.task_lookup import TaskLookup, prompt_text
+from terminus_env.integrations.task_lookup import TaskLookup, hackable_share, prompt_text
 from terminus_env.metrics import aggregate
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import Policy, Rollout
@@ -86,12 +86,14 @@ class TerminusRollouts:
         warm_sandboxes: int = 0,
         serving_kwargs: Mapping[str, Any] | None = None,
         step_log: str | Path | StepLog | None = None,
+        audit_report: str | Path | None = None,
+        hackable: str = "skip",
     ) -> None:
         if drift is DriftPolicy.SPLIT:
             raise ValueError("TRL takes one completion per prompt: use DriftPolicy.REALIGN or DriftPolicy.RAISE")
         if policy is None and not (base_urls and model):
             raise ValueError("give base_urls and model (vLLM servers, e.g. `trl vllm-serve`), or a policy")
-        self._tasks = TaskLookup(tasks)
+        self._tasks = TaskLookup(tasks, audit_report=audit_report, hackable=hackable)
         self._urls = list(base_urls or [])
         self._model = model
         self._policy = policy
@@ -127,7 +129,8 @@ class TerminusRollouts:
         if vocab_size is not None:
             check_vocabulary(sequences, vocab_size)
         batch = trl_batch(sequences, _end_token(trainer))
-        _log(trainer, trajectories, sequences, {"time/rollout_s": self.last_rollout_s})
+        extra = {"time/rollout_s": self.last_rollout_s, "env/hackable_share": hackable_share(self._tasks, trajectories)}
+        _log(trainer, trajectories, sequences, extra)
         if self._step_log is not None:  # the batch of the optimizer step after the trainer's last
             step = version + 1 if isinstance(version, int) else None
             self._step_log.add(trajectories, step=step, masking=self._masking, extra={"rollout_s": self.last_rollout_s})

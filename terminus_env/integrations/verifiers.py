@@ -23,6 +23,7 @@ from pathlib import Path
 
 import verifiers.v1 as vf
 
+from terminus_env.audit import screen_tasks
 from terminus_env.env import Reply, TerminusEnv
 from terminus_env.tasks import find_task, load_tasks
 from terminus_env.tasks.loader import shipped_tasks_dir
@@ -33,6 +34,9 @@ class TerminusTasksetConfig(vf.TasksetConfig):
 
     tasks_dir: str | None = None
     names: list[str] | None = None
+    audit_report: str | None = None
+    """A report of ``terminus-env tasks audit``: the tasks it found hackable are left out, or kept (``hackable``)."""
+    hackable: str = "skip"
 
 
 class TerminusTaskset(vf.Taskset[vf.Task, TerminusTasksetConfig]):
@@ -40,7 +44,8 @@ class TerminusTaskset(vf.Taskset[vf.Task, TerminusTasksetConfig]):
 
     def load(self) -> Iterable[vf.Task]:
         folder = Path(self.config.tasks_dir) if self.config.tasks_dir else shipped_tasks_dir()
-        for task in load_tasks(folder, self.config.names):
+        tasks = load_tasks(folder, self.config.names)
+        for task in screen_tasks(tasks, self.config.audit_report, self.config.hackable):
             yield vf.Task(vf.TaskData(id=task.name, name=task.name, prompt=None, description=task.instruction))
 
 

@@ -65,11 +65,14 @@ class TerminusAgentLoop(AgentLoopBase):
         max_turns: int | None = None,
         max_turn_tokens: int | None = None,
         mask_time_limits: bool = False,
+        audit_report: str | None = None,
+        hackable: str = "skip",
         **kwargs: Any,
     ) -> None:
         kwargs.pop("name", None)  # the YAML entry's own name reaches the constructor too
         super().__init__(*args, **kwargs)
-        self.tasks = _task_lookup(str(Path(tasks_dir).resolve()) if tasks_dir else str(shipped_tasks_dir()))
+        folder = str(Path(tasks_dir).resolve()) if tasks_dir else str(shipped_tasks_dir())
+        self.tasks = _task_lookup(folder, str(Path(audit_report).resolve()) if audit_report else None, hackable)
         self.response_length = int(self.rollout_config.response_length)
         self.max_turn_tokens = max_turn_tokens or self.response_length
         self.env_kwargs = {"mode": mode, "max_turns": max_turns, "max_turn_tokens": self.max_turn_tokens}
@@ -100,7 +103,8 @@ class TerminusAgentLoop(AgentLoopBase):
             reward_score=sequence.reward,
             num_turns=len(trajectory.messages),
             metrics=_metrics(started, policy),
-            extra_fields=_extra(trajectory, sequence.mask_reason, truncated=len(sequence.response_ids) > n),
+            extra_fields={**_extra(trajectory, sequence.mask_reason, truncated=len(sequence.response_ids) > n),
+                          "hackable": self.tasks.hackable(task.name)},
         )
 
     async def _empty(
@@ -116,14 +120,15 @@ class TerminusAgentLoop(AgentLoopBase):
             reward_score=0.0,
             num_turns=len(trajectory.messages),
             metrics=_metrics(started, policy),
-            extra_fields=_extra(trajectory, "no_tokens", truncated=False),
+            extra_fields={**_extra(trajectory, "no_tokens", truncated=False),
+                          "hackable": self.tasks.hackable(trajectory.task)},
         )
 
 
 @functools.lru_cache(maxsize=8)
-def _task_lookup(folder: str) -> TaskLookup:
-    """verl builds one agent loop per sample; the task folder is read once per worker."""
-    return TaskLookup(load_tasks(Path(folder)))
+def _task_lookup(folder: str, audit_report: str | None = None, hackable: str = "skip") -> TaskLookup:
+    """verl builds one agent loop per sample; the task folder (and an audit report) is read once per worker."""
+    return TaskLookup(load_tasks(Path(folder)), audit_report=audit_report, hackable=hackable)
 
 
 class _ServerManagerPolicy:

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from terminus_env.audit.screen import Hackable, Screen, load_screen
 from terminus_env.config import EVAL_STRICT_FORMAT, EVAL_STRICT_TRUNCATION, ConfigError
 from terminus_env.errors import TerminusError
 from terminus_env.protocol.strictness import Strictness
@@ -83,6 +84,15 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"terminus-env: {exc}", file=sys.stderr)
         return 2
+    paths = task_dirs(Path(args.folder), list(args.name or ()) or None)  # a wrong folder or name: exit 2, nothing run
+    screen = load_screen(getattr(args, "audit_report", None), getattr(args, "hackable", Hackable.SKIP))
+    hackable = {} if screen is None else {p.name: screen.mark(p.name) or "" for p in paths if screen.mark(p.name)}
+    if screen is not None:
+        paths = [p for p in paths if screen.keeps(p.name)]
+        print(_screened(screen, hackable, [p.name for p in paths]), flush=True)
+        if not paths:
+            print("eval: no task is left to play", file=sys.stderr)
+            return 2
     config = RunConfig(
         folder=str(Path(args.folder).resolve()),
         names=tuple(args.name or ()),
@@ -96,8 +106,10 @@ def main(args: argparse.Namespace) -> int:
         summarize=strictness == _LENIENT and not args.no_summarize,  # the env summarizes in lenient eval only
         summarize_threshold=args.summarize_threshold,
         context_window=args.context_window or _served_context_window(args),
+        hackable=hackable,
+        hackable_policy=None if screen is None else screen.hackable.value,
+        audit_report=None if screen is None else screen.source,
     )
-    paths = task_dirs(Path(args.folder), list(config.names) or None)  # a wrong folder or name: exit 2, nothing run
     path = args.output or RUNS_DIR / f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.jsonl"
     if args.resume:
         log, previous = RunLog.resume(path)
@@ -178,6 +190,18 @@ def _finish_job(job: HarborJob, path: Path, paths: Sequence[Path], *, finished: 
     for problem in job.finish(contents, report, finished=finished):
         print(f"Harbor job {job.path}: not written: {problem}; rerun with --resume to write it", file=sys.stderr)
     return report
+
+
+def _screened(screen: Screen, hackable: dict[str, str], kept: Sequence[str]) -> str:
+    """What the audit report did to the run, in a line."""
+    unaudited = screen.unaudited(kept)
+    tail = f"; not in the report (not audited): {', '.join(unaudited)}" if unaudited else ""
+    if not hackable:
+        return f"eval: the audit report {screen.source} found none of these tasks hackable{tail}"
+    named = ", ".join(f"{name} ({why})" for name, why in hackable.items())
+    if screen.hackable is Hackable.SKIP:
+        return f"eval: left out as hackable by the audit report {screen.source}: {named}{tail}"
+    return f"eval: played and marked as hackable by the audit report {screen.source}: {named}{tail}"
 
 
 def turn_tokens(config: RunConfig) -> int:

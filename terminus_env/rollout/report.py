@@ -74,6 +74,14 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
     if summarized:
         out.write(f"context summarized in {len(summarized)} rollouts ({sum(summarized)} times): their conversations "
                   "were replaced to carry on past a full context\n")  # fmt: skip
+    hackable = contents.config.hackable
+    if hackable and contents.config.hackable_policy == "mark":
+        out.write(f"hackable (the audit report {contents.config.audit_report} passed their verifiers without solving "
+                  "them; the scores above count them):\n")  # fmt: skip
+        out.writelines(f"  {task}: {why}\n" for task, why in hackable.items())
+    elif hackable:
+        out.write(f"left out as hackable (the audit report {contents.config.audit_report}): "
+                  f"{', '.join(hackable)}\n")  # fmt: skip
     tampered = [r for r in contents.rollouts if r.summary and r.summary.get("tampering")]
     if tampered:
         out.write("tampered (the verifier ran what the agent changed in its runtime; the scores above keep them):\n")

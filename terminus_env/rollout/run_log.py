@@ -64,6 +64,11 @@ class RunConfig:
     summarize_threshold: int = 8000
     context_window: int | None = None
     """The model's context in tokens, as the server reported it (or ``--context-window``); None when unknown."""
+    hackable: dict[str, str] = field(default_factory=dict)
+    """The tasks an audit report (``--audit-report``) found hackable, with what passed them: left out of the run
+    (``hackable_policy`` ``skip``) or played and marked (``mark``)."""
+    hackable_policy: str | None = None
+    audit_report: str | None = None
 
     @property
     def strictness(self) -> Strictness:

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from terminus_env.errors import TerminusError
 from terminus_env.tasks.grading import apply_oracle, grade
 from terminus_env.tasks.loader import load_task, shipped_tasks_dir, task_dirs
 from terminus_env.tasks.task import Task, TaskError, task_image
 
 if TYPE_CHECKING:
+    from terminus_env.audit.report import AuditReport
     from terminus_env.sandbox import Sandbox
 
 CHECKS = ("nop", "oracle", "train-nop", "train-oracle")
@@ -42,23 +44,32 @@ class CheckOutcome:
     detail: str = ""
 
 
-def run_check(folder: Path | None, jobs: int = 4, names: list[str] | None = None) -> int:
-    """Check the tasks in `folder` (default: the shipped suite; only `names` if given), `jobs` at once.
-
-    Returns the exit code: 0 when every task passes both checks.
+def run_check(
+    folder: Path | None, jobs: int = 4, names: list[str] | None = None, audit: Path | None = None
+) -> int:
+    """Check the tasks in `folder` (default: the shipped suite; only `names` if given), `jobs` at once. With `audit`
+    (a report of ``tasks audit``), the table shows what the audit found beside the checks; it does not change the
+    exit code, which is 0 when every task passes every check.
     """
     if jobs < 1:
         print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
         return 2
     try:
         paths = task_dirs(shipped_tasks_dir() if folder is None else Path(folder), names)
-    except TaskError as exc:
+        report = None if audit is None else _audit_report(audit)
+    except TerminusError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start = time.monotonic()
     outcomes = asyncio.run(check_tasks(paths, jobs, _ProgressPrinter(len(CHECKS) * len(paths), sys.stdout)))
-    print_outcomes(outcomes, time.monotonic() - start, sys.stdout)
+    print_outcomes(outcomes, time.monotonic() - start, sys.stdout, report)
     return 0 if outcomes and all(o.passed for o in outcomes) else 1
+
+
+def _audit_report(path: Path) -> AuditReport:
+    from terminus_env.audit.report import AuditReport
+
+    return AuditReport.load(path)
 
 
 def print_task_table(folder: Path | None = None) -> None:
@@ -183,8 +194,12 @@ class _ProgressPrinter:
         self.out.flush()
 
 
-def print_outcomes(outcomes: list[CheckOutcome], elapsed_s: float, out: TextIO) -> None:
-    """The end-of-run table: one row per task, both checks side by side."""
+def print_outcomes(
+    outcomes: list[CheckOutcome], elapsed_s: float, out: TextIO, audit: AuditReport | None = None
+) -> None:
+    """The end-of-run table: one row per task, the checks side by side, and what an audit report found."""
+    from terminus_env.audit.report import audit_cell
+
     by_task: dict[str, dict[str, CheckOutcome]] = {}
     for outcome in outcomes:
         by_task.setdefault(outcome.task, {})[outcome.check] = outcome
@@ -192,9 +207,12 @@ def print_outcomes(outcomes: list[CheckOutcome], elapsed_s: float, out: TextIO) 
     for name, checks in by_task.items():
         cells = [_cell(checks.get(c), checks) for c in CHECKS]
         problem = next((o.detail for o in checks.values() if not o.passed), "")
-        rows.append((name, *cells, "ok" if all(o.passed for o in checks.values()) else f"FAIL {problem}"[:120]))
+        audited = (audit_cell(audit, name),) if audit is not None else ()
+        rows.append((name, *cells, *audited,
+                     "ok" if all(o.passed for o in checks.values()) else f"FAIL {problem}"[:120]))  # fmt: skip
     out.write("\n")
-    header = ("task", "nop (want 0)", "oracle (want 1)", "train nop (want 0)", "train oracle (want 1)", "result")
+    header = ("task", "nop (want 0)", "oracle (want 1)", "train nop (want 0)", "train oracle (want 1)",
+              *(("audit",) if audit is not None else ()), "result")  # fmt: skip
     _print_table(header, rows, out)
     failed = sum(1 for row in rows if row[-1] != "ok")
     out.write(f"\n{len(rows) - failed}/{len(rows)} tasks valid in {elapsed_s:.0f}s\n")

@@ -1,10 +1,11 @@
+"""The checks run the agent's code in a subprocess and compare what it prints: imported into pytest's own process,
+the module could end the run with success, or turn these tests into no-ops, before any assertion ran."""
+
 import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "/app/inventory")
-from inventory import Ledger  # noqa: E402
-
+PROJECT = "/app/inventory"
 VISIBLE_TEST = '''from inventory import Ledger
 
 
@@ -22,33 +23,37 @@ def test_new_ledger_starts_empty():
 '''
 
 
-def test_visible_tests_unchanged_and_pass():
-    assert Path("/app/inventory/tests/test_inventory.py").read_text() == VISIBLE_TEST
+def ledger(code: str) -> str:
+    """What ``code`` prints, run with ``Ledger`` imported from the project, in a Python of its own."""
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
-        cwd="/app/inventory", capture_output=True, text=True,
+        [sys.executable, "-c", f"from inventory import Ledger\n{code}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=60,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout.strip()
+
+
+def test_visible_tests_unchanged_and_pass():
+    assert Path(f"{PROJECT}/tests/test_inventory.py").read_text() == VISIBLE_TEST
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", "/dev/null", "--noconftest",
+         "--rootdir", PROJECT, "-q", "tests"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout + run.stderr
 
 
 def test_ledgers_do_not_share_items():
-    a, b = Ledger(), Ledger()
-    a.add("x", 2)
-    assert b.total() == 0 and b.items == {}
+    assert ledger("a, b = Ledger(), Ledger()\na.add('x', 2)\nprint(b.total(), b.items)") == "0 {}"
 
 
 def test_initial_items_still_accepted():
-    ledger = Ledger({"pen": 4})
-    ledger.remove("pen", 1)
-    assert ledger.total() == 3
+    assert ledger("ledger = Ledger({'pen': 4})\nledger.remove('pen', 1)\nprint(ledger.total())") == "3"
 
 
 def test_remove_checks_stock():
-    ledger = Ledger()
-    ledger.add("mug", 1)
-    try:
-        ledger.remove("mug", 2)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("removing more than in stock must raise ValueError")
+    code = (
+        "ledger = Ledger()\nledger.add('mug', 1)\n"
+        "try:\n    ledger.remove('mug', 2)\nexcept ValueError:\n    print('refused')\nelse:\n    print('removed')"
+    )
+    assert ledger(code) == "refused"
