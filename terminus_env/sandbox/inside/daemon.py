@@ -37,7 +37,10 @@ from .watch import _mount_points
 
 WORKERS = 8  # request threads, started up front: a fork bomb may leave no pid for a new one
 CHANNEL_WAIT_S = 30.0  # how long the daemon waits for the host before it stops the container
-CHANGE_MARGIN_S = 1.0  # ctime is kept in coarse clock ticks: what changed just before the daemon started counts too
+# ctime is kept in coarse clock ticks (at most 10 ms behind the clock): what changed a tick before the daemon read the
+# clock counts too. No more: the files of an image built just before its container started (a task's first episode
+# after its build) would count as changed in this container, and the verifier's tools read as the agent's.
+CHANGE_MARGIN_S = 0.1
 
 
 class Daemon:
