@@ -214,8 +214,8 @@ def test_the_rewriting_program_appends_a_reward_write_to_the_tests_scripts_as_a_
 
 # ----- verdicts and placement ---------------------------------------------------------------------------------
 
-CERTAIN = {"kind": "runner_config", "path": "/pytest.ini", "detail": "", "certain": True}
-UNCERTAIN = {"kind": "runner_config", "path": "/x/entry_points.txt", "detail": "", "certain": False}
+FINDING = {"kind": "runner_config", "path": "/pytest.ini", "detail": ""}
+OTHER_FINDING = {"kind": "runner_config", "path": "/x/entry_points.txt", "detail": ""}
 DONE = EndReason.TASK_COMPLETE.value
 
 
@@ -226,7 +226,7 @@ def _judge(**episodes: Episode):
 
 
 def test_one_episode_gives_both_modes_by_the_envs_own_rule():
-    for findings in [(), (CERTAIN,), (UNCERTAIN,), (UNCERTAIN, CERTAIN)]:
+    for findings in [(), (FINDING,), (OTHER_FINDING,), (OTHER_FINDING, FINDING)]:
         reward, ending = train_outcome(Episode(1.0, DONE, findings))
         expected = tamper_ending(findings, TamperPolicy.FAIL)
         assert ending == (expected or EndReason.TASK_COMPLETE).value
@@ -240,8 +240,8 @@ def test_verdicts_in_both_modes():
         nothing=Episode(0.0, DONE),
         exit_at_import=Episode(1.0, DONE),
         noop_tests=Episode(0.0, DONE),
-        collect_only_config=Episode(1.0, DONE, (CERTAIN,)),
-        passing_conftest=Episode(1.0, DONE, (UNCERTAIN,)),
+        collect_only_config=Episode(1.0, DONE, (FINDING,)),
+        passing_conftest=Episode(1.0, DONE, (OTHER_FINDING,)),
         env_addopts=Episode(None, EndReason.ENV_ERROR.value, error="docker"),
         reward_path=Episode(0.0, DONE),
     )
@@ -252,7 +252,7 @@ def test_verdicts_in_both_modes():
     assert (judged["collect-only-config"].verdict, judged["collect-only-config"].placement) == (Verdict.CAUGHT,
                                                                                                Channel.RUNTIME)
     assert judged["collect-only-config"].train_end_reason == "tampered"
-    assert judged["passing-conftest"].verdict is Verdict.MASKED
+    assert judged["passing-conftest"].verdict is Verdict.CAUGHT  # any finding zeroes train mode
     assert judged["env-addopts"].verdict is Verdict.ERROR
     timed_out = Episode(0.0, DONE, (), None, "verifier timed out after 60s")
     slow = _judge(nothing=Episode(0.0, DONE), exit_at_import=timed_out)
@@ -294,7 +294,7 @@ def _report() -> AuditReport:
     forged = ExploitResult("program-rewrites-tests", Channel.RUNTIME, Verdict.PASSED, ("/usr/local/bin/x",),
                            Channel.RUNTIME, None, 1.0, DONE, 1.0, DONE, (), 4.0)  # fmt: skip
     caught = ExploitResult("collect-only-config", Channel.RUNTIME, Verdict.CAUGHT, ("/pytest.ini",), Channel.RUNTIME,
-                           None, 1.0, DONE, 0.0, "tampered", (CERTAIN,), 2.0)  # fmt: skip
+                           None, 1.0, DONE, 0.0, "tampered", (FINDING,), 2.0)  # fmt: skip
     return AuditReport(
         folder="/suite", exploits=tuple(e.name for e in CATALOGUE), jobs=2, duration_s=12.0,
         load_average=(1.0, 2.0, 3.0),

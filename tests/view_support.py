@@ -59,8 +59,8 @@ def write_synthetic_job(root: Path, *, tasks: int, trials: int, seed: int = 0, b
     rng = random.Random(seed)
     names = task_names(tasks - 1 if broken else tasks)
     folder = root / "suite"
-    config = RunConfig(folder=str(folder), names=(), trials=trials, policy="model:synthetic", strict=False,
-                       max_turns=30, max_turn_tokens=4096)  # fmt: skip
+    config = RunConfig(folder=str(folder), names=(), trials=trials, policy="model:synthetic", strict_format=False,
+                       strict_truncation=False, max_turns=30, max_turn_tokens=4096)  # fmt: skip
     run_file = root / "run.jsonl"
     log = RunLog.create(run_file, config)
     paths = {name: folder / name for name in [*names, *([BROKEN_TASK] if broken else [])]}

@@ -57,8 +57,8 @@ class ExploitResult:
 
     @property
     def passes_runtime(self) -> bool:
-        """Earned the reward in train mode through our runtime, or was masked there: a bug of ours."""
-        return self.placement is Channel.RUNTIME and self.verdict in (Verdict.PASSED, Verdict.MASKED)
+        """Earned the reward in train mode through our runtime: a bug of ours."""
+        return self.placement is Channel.RUNTIME and self.verdict is Verdict.PASSED
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def print_report(report: AuditReport, out: TextIO) -> None:
     out.write("\nepisodes: how many were played, and the seconds they took together; "
               "cells: train reward / eval reward (- not played: nothing to work on); "
               "! passed in train mode, c caught by the runtime (eval keeps the reward and lists the findings), "
-              "m masked in train, e not judged\n")  # fmt: skip
+              "e not judged\n")  # fmt: skip
     hackable = [t for t in report.tasks if t.hackable]
     if hackable:
         out.write("\nhackable through the task's verifier (the author's to fix):\n")
@@ -236,7 +236,7 @@ def _cell(result: ExploitResult | None) -> str:
         return "-"
     if result.verdict is Verdict.ERROR:
         return "e"
-    mark = {Verdict.PASSED: "!", Verdict.CAUGHT: "c", Verdict.MASKED: "m"}.get(result.verdict, "")
+    mark = {Verdict.PASSED: "!", Verdict.CAUGHT: "c"}.get(result.verdict, "")
     return f"{_num(result.train_reward)}/{_num(result.eval_reward)}{mark}"
 
 

@@ -2,8 +2,8 @@
 
 The audit plays each exploit once, in eval mode, where the verifier's reward stands and the watch's findings are
 reported beside it. Train mode's reward follows from those two by the env's own rule (:func:`train_outcome`, which
-is :func:`terminus_env.rules.tamper_ending`): a certain finding ends the episode ``tampered`` with reward 0, and
-uncertain findings alone end it ``unverifiable`` (masked). So one episode gives both verdicts.
+is :func:`terminus_env.rules.tamper_ending`): any finding ends the episode ``tampered`` with reward 0. So one
+episode gives both verdicts.
 
 An exploit *earns* in a mode when its reward there is above what doing nothing earns in the same mode: a task whose
 rubric pays something for an untouched container is not hacked by an exploit that earns the same. Doing nothing
@@ -31,10 +31,7 @@ class Verdict(Named):
     HELD = "held"
     """It earned nothing more than doing nothing, in either mode."""
     CAUGHT = "caught"
-    """The verifier paid it (eval keeps that reward and lists the findings), and a certain finding zeroes it in
-    train mode."""
-    MASKED = "masked"
-    """The verifier paid it, and train mode masks the episode (``unverifiable``): no reward, and no penalty."""
+    """The verifier paid it (eval keeps that reward and lists the findings), and a finding zeroes it in train mode."""
     PASSED = "passed"
     """It earned the reward in train mode: the task is hackable, or the runtime let it through."""
     NOT_APPLICABLE = "n/a"
@@ -73,7 +70,7 @@ class Episode:
 class Judgement:
     verdict: Verdict
     placement: Channel | None = None
-    """Where the way to the reward runs, for an exploit that earned it (``PASSED``, ``CAUGHT``, ``MASKED``)."""
+    """Where the way to the reward runs, for an exploit that earned it (``PASSED``, ``CAUGHT``)."""
     fix: str | None = None
     """The task author's fix in one sentence, when the placement is the task's verifier."""
     train_reward: float | None = None
@@ -139,8 +136,7 @@ def judge(
         placement, fix = place(exploit, targets, others)
         return Judgement(Verdict.PASSED, placement, fix, train_reward, train_end)
     if earned_eval:
-        verdict = Verdict.MASKED if train_end == EndReason.UNVERIFIABLE else Verdict.CAUGHT
-        return Judgement(verdict, Channel.RUNTIME, None, train_reward, train_end)
+        return Judgement(Verdict.CAUGHT, Channel.RUNTIME, None, train_reward, train_end)
     return Judgement(Verdict.HELD, None, None, train_reward, train_end)
 
 
