@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/terminus-env
 JOBS ?= 4
 
-.PHONY: all venv docker base-image browser demo check lint test unit test-adapters test-vllm docs install-check fresh-check bench bench-http corpus-tasks corpus clean
+.PHONY: all venv docker base-image browser demo check lint test unit fast test-adapters test-vllm docs install-check fresh-check bench bench-http corpus-tasks corpus clean
 
 all: demo
 
@@ -43,8 +43,13 @@ browser:
 unit: base-image browser
 	$(PY) -m pytest -q
 
+# The edit-test loop: the tests that need neither Docker nor more than a few seconds each (about a minute).
+fast: venv
+	$(PY) -m pytest -q -m "not docker and not slow"
+
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The documentation site, into site/; a warning fails the build. The two variables silence notices about
 # MkDocs 2 that the theme and a plugin print on every build.

@@ -36,7 +36,7 @@ from timing import timed
 
 from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxPool, SandboxSpec, reap
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
-from terminus_env.sandbox.sandbox import tar_dir
+from terminus_env.sandbox.archives import tar_dir
 from terminus_env.sandbox.terminal import TARGET, TMUX
 
 SPEC = SandboxSpec(BASE_IMAGE)

@@ -1,7 +1,8 @@
 """Build-time pages of the documentation site, run by the mkdocs-gen-files plugin (see mkdocs.yml).
 
 Generated rather than listed by hand, so the site follows the code: every module of the package gets an
-API reference page, every design note in docs/notes/ is in the navigation, and CHANGELOG.md is a page.
+API reference page, every design note in docs/notes/ is in the navigation, CHANGELOG.md is a page, and the
+configuration page lists terminus_env.config.VARIABLES, every environment variable the package reads.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import mkdocs_gen_files
+
+from terminus_env.config import VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "terminus_env"
@@ -26,6 +29,7 @@ GUIDE = (
     ("The sandbox", "sandbox.md"),
     ("The sandbox's security model", SECURITY_NOTE),
     ("Benchmarks", "benchmarks.md"),
+    ("Configuration", "configuration.md"),
     ("Working on terminus-env", "development.md"),
 )
 
@@ -72,6 +76,26 @@ def navigation() -> list[str]:
     return lines
 
 
+def configuration_page() -> str:
+    rows = [f"| `{v.name}` | {v.values} | {v.default} | {v.meaning} |" for v in VARIABLES]
+    return "\n".join([
+        "# Configuration",
+        "",
+        "Every environment variable terminus-env reads, made from `terminus_env.config.VARIABLES`; nothing else in "
+        "the package reads the environment. An argument given in code wins over the variable (`TerminusEnv("
+        "strict_format=...)`, `terminus-env eval --strict`). A value it cannot use is an error that names the "
+        "variable. The tasks' own `${VAR}` templates (in `[environment.env]` and compose files) take the host's "
+        "variables, as Harbor and Docker Compose do.",
+        "",
+        "| variable | values | default | what it does |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+    ])
+
+
+with mkdocs_gen_files.open("configuration.md", "w") as configuration:
+    configuration.write(configuration_page())
 with mkdocs_gen_files.open("changelog.md", "w") as changelog:
     changelog.write((ROOT / "CHANGELOG.md").read_text(encoding="utf-8"))
 with mkdocs_gen_files.open("SUMMARY.md", "w") as summary:

@@ -18,6 +18,9 @@ from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+WAKE_S = 0.25
+"""How often a waiting sync call wakes to run the signal handlers: a Ctrl-C that lands just before the wait blocks is
+otherwise seen only when the call ends (CPython runs Python-level handlers only between bytecodes)."""
 
 
 class BackgroundLoop:
@@ -49,6 +52,8 @@ class BackgroundLoop:
             with self._lock:
                 self._pending.add(call)
             loop.call_soon_threadsafe(call.start)
+            while not call.outcome.done():  # not result(timeout): the coroutine's own TimeoutError must come through
+                concurrent.futures.wait([call.outcome], timeout=WAKE_S)
             return call.outcome.result()
         except BaseException:
             call.cancel_and_wait(loop)

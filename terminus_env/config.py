@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from terminus_env.errors import TerminusError
 
@@ -45,16 +46,50 @@ def host_environment(environ: Mapping[str, str] | None = None) -> Mapping[str, s
     return dict(os.environ if environ is None else environ)
 
 
-# Names of every variable the package reads, so docs and tests can list them.
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable the package reads: the documentation's configuration page is made from these."""
+
+    name: str
+    values: str
+    """What it may hold."""
+    default: str
+    """What applies when it is unset or empty."""
+    meaning: str
+
+
 STRICT_FORMAT = "SWE_STRICT_FORMAT"
 STRICT_TRUNCATION = "SWE_STRICT_TRUNCATION"
 EVAL_STRICT_FORMAT = "SWE_EVAL_STRICT_FORMAT"
 EVAL_STRICT_TRUNCATION = "SWE_EVAL_STRICT_TRUNCATION"
-REQUIRE_DOCKER = "TERMINUS_REQUIRE_DOCKER"
-REQUIRE_RAY = "TERMINUS_REQUIRE_RAY"  # tests: a missing Ray fails the fleet tests instead of skipping them
-REQUIRE_BROWSER = "TERMINUS_REQUIRE_BROWSER"  # tests: a missing chromium fails the page tests instead of skipping them
 BASE_IMAGE = "TERMINUS_BASE_IMAGE"
 DEBIAN_MIRROR = "TERMINUS_DEBIAN_MIRROR"
-BUILDER = "TERMINUS_BUILDER"  # which builder builds images: auto (BuildKit where the engine has it), buildkit, classic
-SANDBOX_CHANNEL = "TERMINUS_SANDBOX_CHANNEL"  # how the host reaches a sandbox's daemon: auto, direct, relay
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # which GPUs `terminus-env serve` may hand out
+BUILDER = "TERMINUS_BUILDER"
+SANDBOX_CHANNEL = "TERMINUS_SANDBOX_CHANNEL"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable(STRICT_FORMAT, "0, 1, true, false", "1",
+             "train mode: a reply the parser rejects ends the episode with reward 0, ungraded (`format_error`); "
+             "0 gives the agent the parser's feedback and a next turn instead"),
+    Variable(STRICT_TRUNCATION, "0, 1, true, false", "1",
+             "train mode: a reply that fills the turn's token limit ends the episode with reward 0, ungraded "
+             "(`turn_truncated`); 0 salvages its commands up to `</response>`"),
+    Variable(EVAL_STRICT_FORMAT, "0, 1, true, false", "0",
+             "eval mode (and `terminus-env eval`): as `SWE_STRICT_FORMAT`, lenient by default so that scores "
+             "compare with public Terminal-Bench results"),
+    Variable(EVAL_STRICT_TRUNCATION, "0, 1, true, false", "0", "eval mode: as `SWE_STRICT_TRUNCATION`"),
+    Variable(BASE_IMAGE, "an image reference", "`terminus-env/base:bookworm`",
+             "the base image the shipped tasks build FROM, made locally with debootstrap (`terminus-env images "
+             "base`)"),
+    Variable(DEBIAN_MIRROR, "a URL", "`http://deb.debian.org/debian`",
+             "the Debian mirror the base image is made from and its containers install from"),
+    Variable(BUILDER, "auto, buildkit, classic", "auto",
+             "which builder builds task images: BuildKit where the engine has it, else the classic builder"),
+    Variable(SANDBOX_CHANNEL, "auto, direct, relay", "auto",
+             "how the host reaches a sandbox's control daemon: direct, a unix socket in a folder shared with the "
+             "engine's containers (a local engine); relay, one long-lived `docker exec` per container (any engine)"),
+    Variable(CUDA_VISIBLE_DEVICES, "GPU indices, comma-separated", "every GPU",
+             "which GPUs `terminus-env serve` hands out to its replicas"),
+)
+"""Every variable the package reads, in the order the configuration page lists them."""

@@ -81,7 +81,7 @@ class EpisodeSummary:
     """Whose doing the ending was: nobody's, the agent's, or the infrastructure's."""
     failure: str | None = None
     """The verifier's first failing test and its assertion (`GradeResult.failure`)."""
-    tampering: tuple[dict[str, str | bool], ...] = ()
+    tampering: tuple[dict[str, str], ...] = ()
     """What the verifier ran that the agent changed in the verifier's runtime: ``{"kind", "path", "detail"}`` each
     (``sandbox/tamper.py``). In train mode (``TamperPolicy.FAIL``) such an episode ends ``tampered``."""
     summarizations: int = 0
@@ -351,7 +351,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         error: str | None = None,
     ) -> _Outcome:
         """Finish the episode; graded endings run the verifier, as in Harbor, unless the agent broke a limit."""
-        reward, grade_reason, failure, graded, tampering = 0.0, None, None, reason.graded, ()
+        reward, grade_reason, failure, graded = 0.0, None, None, reason.graded
+        tampering: tuple[dict[str, str], ...] = ()
         if graded:
             started = time.monotonic()
             try:

@@ -243,7 +243,7 @@ def judge_reply(reply: Reply, counters: Counters, limits: TurnLimits, *, out_of_
         return Verdict(counters, end=EndReason.CONTEXT_LIMIT)
     if out_of_time:  # the model's own thinking time counts, as in Harbor
         return Verdict(counters, end=EndReason.AGENT_TIMEOUT)
-    text, salvage_warning = reply.text, ()
+    text, salvage_warning = reply.text, tuple[str, ...]()
     if _turn_truncated(reply, limits):
         counters = dataclasses.replace(counters, truncated_turns=counters.truncated_turns + 1)
         if limits.strictness.strict_truncation:

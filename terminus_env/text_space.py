@@ -32,5 +32,5 @@ def _text_space_prototype() -> spaces.Text:
 def text_space() -> spaces.Text:
     """A Text space over the basic multilingual plane (building one costs ~1 s, so copy a prototype)."""
     space = copy.copy(_text_space_prototype())
-    space._np_random = None  # each env seeds its own generator
+    space._np_random = None  # type: ignore[assignment]  # each env seeds its own generator
     return space

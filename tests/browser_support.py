@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from require import REQUIRE_BROWSER
 
-from terminus_env.config import REQUIRE_BROWSER, env_flag
+from terminus_env.config import env_flag
 from terminus_env.process_group import end_group
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from require import REQUIRE_DOCKER
 from shapes_support import Tools, build_tools_image
 from task_support import TINY_TOML
 
-from terminus_env.config import REQUIRE_DOCKER, env_flag
+from terminus_env.config import env_flag
 
 ADAPTER_TESTS = Path(__file__).parent / "adapters"
 VLLM_TESTS = Path(__file__).parent / "real_vllm"
@@ -55,15 +56,34 @@ def _docker_problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def docker_required() -> None:
-    """Depend on this in every test that needs a real Docker engine."""
+def _require_docker() -> None:
     problem = _docker_problem()
     if problem is None:
         return
     if env_flag(REQUIRE_DOCKER, False):
         pytest.fail(f"{problem}; {REQUIRE_DOCKER}=1 makes this a failure, not a skip")
     pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def docker_required() -> None:
+    """Depend on this (or mark the test ``docker``) in every test that needs a real Docker engine."""
+    _require_docker()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One meaning for ``docker``: a test that depends on ``docker_required``, directly or through another fixture,
+    carries the marker, so ``-m "not docker"`` is a run without an engine."""
+    for item in items:
+        if "docker_required" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``docker`` without the fixture gets the same check: skipped without an engine, or failed
+    under TERMINUS_REQUIRE_DOCKER=1."""
+    if item.get_closest_marker("docker") is not None and "docker_required" not in getattr(item, "fixturenames", ()):
+        _require_docker()
 
 
 TINY_TEST = """\

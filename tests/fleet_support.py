@@ -13,8 +13,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from require import REQUIRE_RAY
 
-from terminus_env.config import REQUIRE_RAY, env_flag
+from terminus_env.config import env_flag
 
 SLOTS = 2
 """Each node's terminus_sandbox_host amount: small, since the machine has 2 cores shared with others."""

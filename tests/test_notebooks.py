@@ -23,10 +23,11 @@ def test_every_notebook_is_listed_and_committed_without_outputs():
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} was committed with outputs"
 
 
-@pytest.mark.parametrize("name", sorted(PLOTS))
-def test_notebook_runs_and_shows_its_plots(name, request):
-    if name in NEEDS_DOCKER:
-        request.getfixturevalue("docker_required")
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.docker) if name in NEEDS_DOCKER else name for name in sorted(PLOTS)]
+)
+def test_notebook_runs_and_shows_its_plots(name):
     book = nbformat.read(EXAMPLES / name, as_version=4)
     NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}).execute()
     images = [

@@ -16,6 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 import requests
+from require import REQUIRE_DOCKER
 from sandbox_support import SPEC, Runner, containers_of_pid, run_fixture, sandbox_fixture, sandbox_on  # noqa: F401
 
 from terminus_env import config
@@ -59,7 +60,7 @@ def routed(run: Runner, route: Route) -> Iterator[Sandbox]:
         try:
             sandbox = run(Sandbox.start(SPEC))
         except ConfigError as exc:
-            if config.env_flag(config.REQUIRE_DOCKER, False):
+            if config.env_flag(REQUIRE_DOCKER, False):
                 raise
             pytest.skip(str(exc))
     try:
@@ -327,7 +328,7 @@ def test_a_burst_of_starts_loses_no_daemon_while_the_wait_for_it_times_out_at_on
     try:
         channel_route(client, client.info())
     except ConfigError as exc:  # no local engine shares a folder with this process: no DIRECT route to race
-        if config.env_flag(config.REQUIRE_DOCKER, False):
+        if config.env_flag(REQUIRE_DOCKER, False):
             raise
         pytest.skip(str(exc))
 

@@ -31,6 +31,7 @@ PROBES = calibration.Probes(prefill_prompts=(256, 1500, 3000, 4500, 6000),
 TOLERANCE = {name: 0.15 for name in TRUE}
 
 
+@pytest.mark.slow
 def test_calibration_recovers_the_simulators_settings_and_its_recompute(tmp_path: Path) -> None:
     """The fit reads the engine's clock: the simulated replica reports its virtual time there, so other work on the
     host cannot move what is fitted (the client's clock carries the host's delays: a fit of it at load 20 missed the

@@ -166,8 +166,8 @@ class TerminusRollouts:
             policy, env_kwargs=self._env_kwargs, sandbox_pool=self._sandboxes, max_sandboxes=self._max_sandboxes
         )
         rollouts = []
-        for _, run in itertools.groupby(enumerate(prompts), key=lambda item: prompt_text(item[1])):
-            run = list(run)
+        for _, grouped in itertools.groupby(enumerate(prompts), key=lambda item: prompt_text(item[1])):
+            run = list(grouped)
             task = self._tasks.for_prompt(run[0][1])
             group_id = f"{task.name}-{uuid.uuid4().hex[:8]}"
             rollouts += [Rollout(f"{group_id}-{i}", group_id, task) for i in range(len(run))]

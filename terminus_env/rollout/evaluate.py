@@ -357,7 +357,8 @@ async def _evaluate(
 async def _settle_threads() -> None:
     """Wait for the Docker calls still running in threads (a container being created, say): a thread cannot be
     cancelled, and the sandbox that started it removes what it made only once it returns."""
-    threads = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == asyncio.to_thread.__qualname__]
+    threads = [t for t in asyncio.all_tasks()
+               if getattr(t.get_coro(), "__qualname__", None) == asyncio.to_thread.__qualname__]  # fmt: skip
     if threads:
         await asyncio.wait(threads, timeout=_SETTLE_S)
 

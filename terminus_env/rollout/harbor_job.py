@@ -97,13 +97,13 @@ class HarborJob:
         """Write the trials the folder lacks (rollouts whose folder was not written, and a folder for each trial a
         broken task could not run) and the job's ``result.json``; returns what could not be written."""
         problems: list[str] = []
-        results = []
+        results: list[dict[str, Any]] = []
         for record in contents.rollouts:
             name = trial_name(record.task, record.trial)
             written = _read_json(self.path / name / RESULT)
             try:
                 ran = written is not None and written.get("agent_result") is not None  # not a broken task's, before
-                results.append(written if ran else self._write_rollout(record))
+                results.append(written if written is not None and ran else self._write_rollout(record))
             except OSError as exc:
                 problems.append(f"{name}: {exc}")
         at = time.time()

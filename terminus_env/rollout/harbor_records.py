@@ -162,7 +162,7 @@ def trial_log(record: RolloutRecord) -> str:
     lines = [line(0.0, f"{record.task} #{record.trial}: started")]
     if trajectory.get("ready_s") is not None:
         lines.append(line(trajectory["ready_s"], "the sandbox is up and the first observation ready"))
-    attempts = {c["turn"]: [] for c in trajectory.get("compactions") or []}
+    attempts: dict[int, list[dict[str, Any]]] = {c["turn"]: [] for c in trajectory.get("compactions") or []}
     for compaction in trajectory.get("compactions") or []:
         attempts[compaction["turn"]].append(compaction)
     turns = trajectory.get("turns") or []
@@ -321,11 +321,11 @@ _TIMEOUT_MULTIPLIERS = {
     "timeout_multiplier": 1.0, "agent_timeout_multiplier": None, "verifier_timeout_multiplier": None,
     "agent_setup_timeout_multiplier": None, "environment_build_timeout_multiplier": None,
 }  # fmt: skip
-_ENVIRONMENT = {
+_ENVIRONMENT: dict[str, Any] = {
     "type": "docker", "import_path": None, "force_build": False, "delete": True, "stream": False,
     "cpu_enforcement_policy": "auto", "memory_enforcement_policy": "auto", "override_cpus": None,
     "override_memory_mb": None, "override_storage_mb": None, "override_gpus": None, "override_tpu": None,
     "mounts": None, "extra_docker_compose": [], "kwargs": {}, "extra_allowed_hosts": [],
 }  # fmt: skip
 _VERIFIER = {"override_timeout_sec": None, "max_timeout_sec": None, "disable": False}
-_NO_EXTRAS = {"artifacts": [], "extra_instruction_paths": [], "extra_instructions": []}
+_NO_EXTRAS: dict[str, list[Any]] = {"artifacts": [], "extra_instruction_paths": [], "extra_instructions": []}

@@ -70,7 +70,8 @@ def print_report(report: stats.Report, contents: RunContents, out: TextIO) -> No
     out.write(f"{report.rollouts} rollouts · {report.invalid} invalid (env errors, broken tasks) · format "
               f"errors/rollout {m.mean_format_errors:.2f} · opening streak {m.mean_opening_streak:.2f} · rescued "
               f"{m.rescued_count} · tampered {m.tampered_count}\n")  # fmt: skip
-    summarized = [r.summary["summarizations"] for r in contents.rollouts if (r.summary or {}).get("summarizations")]
+    summarized = [r.summary["summarizations"] for r in contents.rollouts
+                  if r.summary is not None and r.summary.get("summarizations")]  # fmt: skip
     if summarized:
         out.write(f"context summarized in {len(summarized)} rollouts ({sum(summarized)} times): their conversations "
                   "were replaced to carry on past a full context\n")  # fmt: skip

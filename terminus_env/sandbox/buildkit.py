@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -48,7 +48,7 @@ def engine_has_buildkit(version: Mapping[str, Any]) -> tuple[bool, str]:
 
 def start_build(
     client: docker.DockerClient, archive: IO[bytes], params: Mapping[str, str], timeout: float
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     """Send a build to the engine's BuildKit; its messages, decoded, as they come. ``params`` are the engine's
     ``/build`` query parameters (``t``, ``dockerfile``, ``labels``, ...). Raises BuildkitRefused if the engine
     refuses the build outright."""

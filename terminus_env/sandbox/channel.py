@@ -463,7 +463,11 @@ async def _readable(sock: socket.socket, timeout_s: float) -> None:
     """Return once ``sock`` is readable, or after ``timeout_s``; reads nothing."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
     try:
         await asyncio.wait({ready}, timeout=timeout_s)
     finally:

@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from enum import Enum
@@ -356,7 +356,7 @@ def _run_build(
 def _classic_build(
     client: docker.DockerClient, tag: str, archive: IO[bytes], timeout: float, *, dockerfile: str,
     args: Mapping[str, str], labels: Mapping[str, str],
-) -> Iterator[dict]:  # fmt: skip
+) -> Generator[dict, None, None]:  # fmt: skip
     """The classic builder's messages; the request goes out when the first one is asked for."""
     yield from client.api.build(
         fileobj=archive, custom_context=True, tag=tag, dockerfile=dockerfile, buildargs=dict(args), rm=True,
@@ -372,7 +372,7 @@ def _engine_version(client: docker.DockerClient, name: str) -> Mapping[str, obje
 
 
 def _follow(
-    client: docker.DockerClient, tag: str, name: str, messages: Iterator[dict], timeout: float,
+    client: docker.DockerClient, tag: str, name: str, messages: Generator[dict, None, None], timeout: float,
     reason: Callable[[str], str],
 ) -> None:  # fmt: skip
     """Read a build's messages (either builder's) into a log, until the image is there or the build fails."""

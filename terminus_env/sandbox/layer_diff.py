@@ -15,6 +15,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import docker
 from docker.errors import DockerException
@@ -116,7 +117,7 @@ def layer_diff(client: docker.DockerClient, container_id: str, folders: LayerFol
             raise SandboxError(f"the writable layer of sandbox {container_id[:12]} is gone: {exc}") from exc
     kinds = {0: Change.MODIFIED, 1: Change.ADDED, 2: Change.DELETED}
     try:
-        listed = client.api.diff(container_id) or []
+        entries: list[dict[str, Any]] = client.api.diff(container_id) or []
     except DockerException as exc:
         try:
             client.api.inspect_container(container_id)
@@ -125,8 +126,8 @@ def layer_diff(client: docker.DockerClient, container_id: str, folders: LayerFol
         # Docker answers, and the container is there: what stopped its diff is in the layer the agent wrote.
         raise BrokenByAgent(f"Docker could not list the sandbox's writable layer ({exc}): the agent's files stop "
                             "the grade from inspecting the container") from exc  # fmt: skip
-    paths = tuple(entry["Path"] for entry in listed)
-    return LayerDiff(paths, paths, None, {entry["Path"]: kinds[entry["Kind"]] for entry in listed})
+    paths = tuple(entry["Path"] for entry in entries)
+    return LayerDiff(paths, paths, None, {entry["Path"]: kinds[entry["Kind"]] for entry in entries})
 
 
 def walk_upper(upper: str) -> Iterable[tuple[str, bool]]:

@@ -19,20 +19,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
-import io
 import math
-import tarfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
+from terminus_env.sandbox.archives import tar_dir, tar_file
 from terminus_env.sandbox.channel import LOG_PREFIX, Channel, ChannelFolder, Route, channel_route
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
 from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
@@ -135,7 +134,11 @@ class Sandbox:
         try:
             container_id, image, layer, folder = await asyncio.shield(creating)
         except asyncio.CancelledError:  # the thread still finishes; remove what it makes
-            creating.add_done_callback(lambda done: done.cancelled() or done.exception() or _abandon(client, done))
+            def abandon(done: asyncio.Future[tuple[str, Any, Any, ChannelFolder | None]]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    _abandon(client, done)
+
+            creating.add_done_callback(abandon)
             raise
         channel = None
         try:
@@ -521,29 +524,3 @@ def _handover_failure(client: docker.DockerClient, container_id: str, spec: Sand
 def _discard(client: docker.DockerClient, container_id: str) -> None:
     remove_container(client, container_id)
     REGISTRY.discard(container_id)
-
-
-def tar_dir(local: Path, dest: str) -> bytes:
-    """A tar of folder ``local``'s contents under ``dest``, owned by root."""
-    buffer = io.BytesIO()
-    root = PurePosixPath("/", dest).relative_to("/")
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for path in sorted(local.rglob("*")):
-            archive.add(path, arcname=str(root / path.relative_to(local).as_posix()), recursive=False, filter=_root)
-    return buffer.getvalue()
-
-
-def tar_file(data: bytes, dest: str, mode: int) -> bytes:
-    """A tar holding one file ``dest`` with ``data``, owned by root."""
-    buffer = io.BytesIO()
-    info = tarfile.TarInfo(str(PurePosixPath("/", dest).relative_to("/")))
-    info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info

@@ -112,9 +112,9 @@ class Terminal:
         ``budget`` seconds (the agent's time left; None: no limit) are spent; then what is new (as
         ``capture_new``). Output still scrolling once the shell looked idle is looked at again, within the turn's
         wait, until it stops."""
-        batch = [{"calls": _calls(keys), "timeout": min(max(float(duration), 0.0), MAX_WAIT_S)}
-                 for keys, duration in commands]  # fmt: skip
-        wait = sum(command["timeout"] for command in batch)
+        timeouts = [min(max(float(duration), 0.0), MAX_WAIT_S) for _, duration in commands]
+        batch = [{"calls": _calls(keys), "timeout": timeout} for (keys, _), timeout in zip(commands, timeouts)]
+        wait = sum(timeouts)
         wait = min(wait if budget is None else min(wait, budget), MAX_TURN_WAIT_S)
         started = time.monotonic()
         reply = await self._request("step", wait + 30, commands=batch, budget=budget, **self._pane(), **self._where())
@@ -196,7 +196,9 @@ def key_arguments(keystrokes: str) -> list[list[str]]:
 
 
 def _chunks(text: str, limit: int) -> list[str]:
-    chunks, current, size = [], [], 0
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
     for char in text:
         width = len(char.encode("utf-8"))
         if size + width > limit:

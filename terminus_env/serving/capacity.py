@@ -119,7 +119,8 @@ def _load_config(config: Mapping[str, Any] | str | PathLike[str]) -> Mapping[str
     if path.is_dir():
         path = path / "config.json"
     try:
-        return json.loads(path.read_text())
+        loaded: Mapping[str, Any] = json.loads(path.read_text())
+        return loaded
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"config: cannot read a Hugging Face config.json at {path}: {exc}") from exc
 

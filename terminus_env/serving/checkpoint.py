@@ -80,7 +80,7 @@ def check_replaces(new: str | Path, served: str | Path) -> Checkpoint:
         problems = mismatches(checkpoint, reference)
     except CheckpointError as exc:
         checkpoint, problems = None, [str(exc)]
-    if problems:
+    if problems or checkpoint is None:
         raise CheckpointError(
             f"{new} cannot replace the served model ({served}): {'; '.join(problems)}. No replica was touched; save "
             "the whole model, with the served model's architecture, where every replica reads it "

@@ -144,9 +144,10 @@ def combine(engines: Iterable[EngineMetrics], engine: str = "all") -> EngineMetr
         raise ValueError("engines is empty: combine needs at least one EngineMetrics")
     blocks = [m.num_gpu_blocks for m in engines]
     sizes = {m.block_size for m in engines}
-    known = all(b is not None for b in blocks)
-    if known and sum(blocks) > 0:
-        usage = sum(m.kv_cache_usage * m.num_gpu_blocks for m in engines) / sum(blocks)
+    counted = [b for b in blocks if b is not None]
+    known = len(counted) == len(blocks)
+    if known and sum(counted) > 0:
+        usage = sum(m.kv_cache_usage * b for m, b in zip(engines, counted)) / sum(counted)
     else:
         usage = sum(m.kv_cache_usage for m in engines) / len(engines)
     return EngineMetrics(
@@ -159,6 +160,6 @@ def combine(engines: Iterable[EngineMetrics], engine: str = "all") -> EngineMetr
         generation_tokens_total=sum(m.generation_tokens_total for m in engines),
         prefix_cache_queries_total=sum(m.prefix_cache_queries_total for m in engines),
         prefix_cache_hits_total=sum(m.prefix_cache_hits_total for m in engines),
-        num_gpu_blocks=sum(blocks) if known else None,
+        num_gpu_blocks=sum(counted) if known else None,
         block_size=sizes.pop() if len(sizes) == 1 else None,
     )

@@ -104,7 +104,7 @@ class ServingPool:
         self.scrape_interval_s = scrape_interval_s
         self.failover_timeout_s = failover_timeout_s
         self.catch_up_retry_s = catch_up_retry_s
-        self._clients = {}
+        self._clients: dict[str, ReplicaClient] = {}
         for url in base_urls:
             client = ReplicaClient(url, timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s)
             if client.base_url in self._clients:

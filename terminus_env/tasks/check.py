@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -225,7 +225,7 @@ def _cell(outcome: CheckOutcome | None, checks: dict[str, CheckOutcome]) -> str:
     return "error" if outcome.reward is None else f"{outcome.reward:g}"
 
 
-def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], out: TextIO) -> None:
+def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         out.write("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")

@@ -325,13 +325,13 @@ def _pairs(reader: _Reader, value: Any, what: str, from_host: bool = False) -> t
             pairs[key] = text if sep else None
     elif value is not None:
         raise TaskError(f"{reader.file}: '{what}' must be a table or a list of KEY=VALUE")
-    resolved = {}
-    for key, text in pairs.items():
-        if text is None:
+    resolved: dict[str, str] = {}
+    for key, given in pairs.items():
+        if given is None:
             if from_host and key in reader.variables:
                 resolved[key] = reader.variables[key]
             continue
-        resolved[key] = text
+        resolved[key] = given
     return tuple(resolved.items())
 
 
@@ -428,7 +428,7 @@ def _depends_on(reader: _Reader, name: str, value: Any, known: set[str] | None) 
     if value is None:
         return ()
     if isinstance(value, list):
-        entries = {reader.text(item, f"{name}.depends_on"): {} for item in value}
+        entries: dict[str, Mapping[str, Any]] = {reader.text(item, f"{name}.depends_on"): {} for item in value}
     else:
         entries = {str(k): _table(reader, v, f"'{name}.depends_on.{k}'") for k, v in _table(reader, value, "").items()}
     dependencies = []

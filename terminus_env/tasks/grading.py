@@ -96,8 +96,8 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     duration = time.monotonic() - start
     files = _kept_files(output[-OUTPUT_CAP:], run.files)
     if run.result.timed_out:
-        reason = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, reason, tampering=run.tampering, files=files)
+        timed_out = f"verifier timed out after {task.verifier_timeout_s:g}s"
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, timed_out, tampering=run.tampering, files=files)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
@@ -277,8 +277,9 @@ def _ctrf_failure(report: bytes) -> str | None:
         return None  # a missing or malformed report: fall back to the output
     if failed is None or not isinstance(failed.get("name"), str):
         return None
-    message = failed.get("message") if isinstance(failed.get("message"), str) else ""
-    trace = failed.get("trace") if isinstance(failed.get("trace"), str) else ""
+    message, trace = failed.get("message"), failed.get("trace")
+    message = message if isinstance(message, str) else ""
+    trace = trace if isinstance(trace, str) else ""
     assertion = _first_line(message) or _first_assertion(trace)
     return _clip(f"{failed['name']}: {assertion}" if assertion else failed["name"])
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import yaml
 
@@ -359,6 +359,10 @@ class _Fields:
             raise self._error(key, f"is {value:g}, outside the usable range {_plain(low)} to {_plain(high)}")
         return float(value)
 
+    @overload
+    def seconds(self, key: str, default: float) -> float: ...
+    @overload
+    def seconds(self, key: str, default: None) -> float | None: ...
     def seconds(self, key: str, default: float | None) -> float | None:
         value = self.bounded(key, 1e-3, MAX_TIMEOUT_S)
         return default if value is None else value

@@ -105,7 +105,7 @@ class Task:
             user=self.agent_user,
             lifetime_s=max(lifetime, 4 * 3600.0),
             life_needed_s=episode,
-            **({} if self.pids_limit is None else {"pids_limit": self.pids_limit}),
+            pids_limit=SandboxSpec.pids_limit if self.pids_limit is None else self.pids_limit,
             shm_size_mb=self.shm_size_mb,
             tmpfs=self.tmpfs,
             extra_hosts=self.extra_hosts,

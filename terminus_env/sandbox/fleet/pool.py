@@ -15,6 +15,7 @@ allowed ``ping_timeout_s``): every episode on it then ends in ``SandboxLost`` (`
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -221,13 +222,16 @@ class RaySandboxPool:
                 continue
             task = asyncio.ensure_future(self._start_host(node_id, offered))
             self._host_starts[node_id] = task
-            task.add_done_callback(lambda _, node_id=node_id: self._host_starts.pop(node_id, None))
+            task.add_done_callback(functools.partial(self._host_started, node_id))
             started.append(task)
         if wait:
             await asyncio.gather(*started, return_exceptions=True)
 
+    def _host_started(self, node_id: str, _: asyncio.Future[None]) -> None:
+        self._host_starts.pop(node_id, None)
+
     async def _start_host(self, node_id: str, offered: float) -> None:
-        handle = self._actor.options(
+        handle: Any = self._actor.options(
             num_cpus=0, resources={RESOURCE: offered}, max_restarts=0, max_concurrency=HOST_CALLS,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             **({"runtime_env": dict(self._config.runtime_env)} if self._config.runtime_env else {}),

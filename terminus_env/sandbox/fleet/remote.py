@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from terminus_env.sandbox.archives import tar_dir, tar_file
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.fleet.link import HostLink
 from terminus_env.sandbox.fleet.wire import Answer, SandboxState, Started, error_from_wire
-from terminus_env.sandbox.sandbox import ExecResult, VerifierRun, tar_dir, tar_file
+from terminus_env.sandbox.sandbox import ExecResult, VerifierRun
 from terminus_env.sandbox.spec import SandboxSpec
 from terminus_env.sandbox.terminal import MAX_TURN_WAIT_S, MAX_WAIT_S, TerminalOutput, TerminalStep
 

@@ -141,10 +141,10 @@ class _EngineCollector(Collector):
                 family.add_metric([self._model, m.engine], getattr(m, field))
             yield family
         for name, doc, field in _COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            counter = CounterMetricFamily(name, doc, labels=_LABELS)
             for m in snapshots:
-                family.add_metric([self._model, m.engine], getattr(m, field), created=self._created)
-            yield family
+                counter.add_metric([self._model, m.engine], getattr(m, field), created=self._created)
+            yield counter
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(_CACHE_CONFIG_LABELS)
         )

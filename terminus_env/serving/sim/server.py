@@ -217,6 +217,7 @@ class SimServer:
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None  # a connection is served in a task of its own
         self._connections.add(task)
         try:
             await serve_connection(reader, writer, self._route)
@@ -272,6 +273,8 @@ class SimServer:
         """``reload_weights`` records where the weights came from; the simulator has none to load. A path that does
         not exist fails as in vLLM 0.32 (HTTP 500, the engine unharmed, the weights as they were)."""
         body = request.json()
+        if not isinstance(body, dict):
+            raise _ApiError(400, "the body must be a JSON object")
         if body.get("method") != "reload_weights":
             raise _ApiError(500, f"the simulator's workers have no method {body.get('method')!r}")
         path = (body.get("kwargs") or {}).get("weights_path")
@@ -285,7 +288,10 @@ class SimServer:
         return Response.json(200, {"success": all(d.replica.reset_prefix_cache() for d in self._drivers)})
 
     async def _update_weight_version(self, request: Request) -> Response:
-        self.weight_version = str(request.json()["new_version"])
+        body = request.json()
+        if not isinstance(body, dict) or "new_version" not in body:
+            raise _ApiError(400, "the body must be a JSON object with 'new_version'")
+        self.weight_version = str(body["new_version"])
         return Response.json(200, {"success": True, "new_version": self.weight_version})
 
     async def _weight_info(self, request: Request) -> Response:

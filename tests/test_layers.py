@@ -1,0 +1,94 @@
+"""The package's floors: no module imports one on a higher floor, at module level or inside a function.
+
+The floors, lowest first, are listed in docs/development.md; a module's floor is that of the longest prefix below
+that names it. A new module must be placed here, or the test says where it is missing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "terminus_env"
+
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("errors", "config", "named", "plain_numbers", "limits", "process_group", "text_space", "sidecars",
+              "sandbox.text", "__version__")),  # fmt: skip
+    ("protocol and rules", ("protocol", "rules")),
+    ("sandbox", ("sandbox",)),
+    ("serving", ("serving",)),
+    ("tasks", ("tasks",)),
+    ("env", ("env", "bridge")),
+    ("rollout", ("rollout",)),
+    ("records", ("metrics", "training", "step_log", "rollout.stats", "rollout.run_log", "rollout.report",
+                 "rollout.progress", "rollout.harbor_job", "rollout.harbor_records", "rollout.atif", "rollout.cast",
+                 "rollout.timeline")),  # fmt: skip
+    ("applications", ("audit", "tasks.check", "tasks.image_prune", "rollout.evaluate", "viewer", "tiny_model",
+                      "integrations")),  # fmt: skip
+    ("command line", ("cli", "__init__")),
+)
+"""Each floor and the modules on it, by dotted name under ``terminus_env`` (a package's name covers its modules)."""
+
+EXEMPT = {"sandbox.inside"}
+"""The daemon that runs inside containers, shipped into them as source: it imports nothing of the package but its
+own modules, relatively (checked below)."""
+
+
+def _floor(name: str) -> int | None:
+    best, floor = -1, None
+    for index, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), index
+    return floor
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+        if not any(name == e or name.startswith(e + ".") for e in EXEMPT):
+            found[name] = path
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "terminus_env":  # `from terminus_env import config`: the module, or a root name
+                names |= {f"terminus_env.{alias.name}" for alias in node.names}
+            else:
+                names.add(node.module)
+    return {name.removeprefix("terminus_env.") for name in names if name.startswith("terminus_env.")}
+
+
+def test_every_module_has_a_floor():
+    assert [name for name in _modules() if _floor(name) is None] == []
+
+
+def test_no_module_imports_from_a_higher_floor():
+    upward = []
+    for name, path in _modules().items():
+        mine = _floor(name)
+        assert mine is not None
+        for imported in sorted(_imports(path)):
+            theirs = _floor(imported)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{name} ({FLOORS[mine][0]}) imports {imported} ({FLOORS[theirs][0]})")
+    assert upward == []
+
+
+def test_the_daemon_inside_containers_imports_only_itself():
+    inside = sorted((PACKAGE / "sandbox" / "inside").glob("*.py"))
+    assert inside and {name for path in inside for name in _imports(path)} == set()
+
+
+def test_the_floors_see_a_planted_upward_import(tmp_path):
+    """The check itself: a sandbox module that imports the env is found (the test can fail)."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from terminus_env.env import TerminusEnv\n    return TerminusEnv\n")
+    assert "env" in _imports(planted)
+    assert _floor("env") > _floor("sandbox.planted")
