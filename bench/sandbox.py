@@ -35,8 +35,8 @@ import docker
 from timing import timed
 
 from terminus_env.sandbox import BASE_IMAGE, Sandbox, SandboxPool, SandboxSpec, reap
-from terminus_env.sandbox.owner import LABEL, PID_LABEL
 from terminus_env.sandbox.archives import tar_dir
+from terminus_env.sandbox.owner import LABEL, PID_LABEL
 from terminus_env.sandbox.terminal import TARGET, TMUX
 
 SPEC = SandboxSpec(BASE_IMAGE)
