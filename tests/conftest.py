@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ VLLM_TESTS = Path(__file__).parent / "real_vllm"
 COMPAT_TASKS = Path(__file__).parent / "compat"
 """The compatibility suite's tasks: their own tests are written for the task's container, where test_compat.py
 runs them."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal sends it, whoever started the run: a run started in the background (a job of a
+    non-interactive shell, nohup) inherits SIGINT ignored, and Python then leaves it ignored, in itself and in every
+    child it starts. The tests that interrupt a call, or stop a child with SIGINT, need Python's own handler here
+    (a child's exec then resets it to the default)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
