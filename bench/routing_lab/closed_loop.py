@@ -165,8 +165,10 @@ async def run_point(label: str, pool: ServingPool, phases: Sequence[Sequence[Cha
             await finished(window.warmup_rollouts)
         else:
             await asyncio.sleep(window.warmup_s * time_scale)
-        opened, ended_before = loop.time(), set(ended)
         before = await read_counters(urls)
+        # Only now: a rollout that ends while the counters are read (a burst of them at a full limit) has its tokens
+        # in ``before``, and must not count in the window either.
+        opened, ended_before = loop.time(), set(ended)
         client_before = (tally.requests, tally.request_s)
         sample_admission()
         sampler = asyncio.create_task(sample())

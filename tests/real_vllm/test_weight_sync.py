@@ -13,14 +13,23 @@ from terminus_env.serving.weight_sync import CheckpointReload
 
 
 async def running_in_an_engine(urls: list[str], request: asyncio.Task) -> None:
-    """Until a replica's engine runs a request (vLLM's ``num_requests_running``): ``request``, the only one sent."""
-    while not request.done():
-        for url in urls:
-            async with ReplicaClient(url) as client:
+    """Until a replica's engine runs a request (vLLM's ``num_requests_running``): ``request``, the only one sent. The
+    clients stay open and the scrapes follow each other closely: on a quiet machine the tiny model writes a long
+    reply in a second or two."""
+    clients = [ReplicaClient(url) for url in urls]
+    try:
+        while not request.done():
+            for client in clients:
                 if (await client.metrics())["0"].num_requests_running > 0:
                     return
-        await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
+    finally:
+        for client in clients:
+            await client.aclose()
     raise AssertionError(f"the request ended before any engine was seen running it: {request.result()}")
+
+
+LONG_TOKENS = 4000  # the in-flight reply: as long as the fleet's context allows (4,096), so it is seen running
 
 
 def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):
@@ -35,7 +44,7 @@ def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versi
                 assert hits > 0
             async with pool.session("long"):
                 in_flight = asyncio.create_task(
-                    pool.chat("long", [{"role": "user", "content": "go"}], max_tokens=1500, ignore_eos=True)
+                    pool.chat("long", [{"role": "user", "content": "go"}], max_tokens=LONG_TOKENS, ignore_eos=True)
                 )
                 await running_in_an_engine(fleet.urls, in_flight)  # at the replica when the sync starts
                 sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(tmp_path / "step-1")), version=1))
@@ -57,7 +66,7 @@ def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versi
     assert report.replicas == tuple(fleet.urls) and report.skipped == () and report.version == "1"
     assert back.version == "2" and back.replicas == tuple(fleet.urls)
     # In flight at the sync: finished whole, on the old weights, with the old version.
-    assert finished_old.completion_tokens == 1500 and finished_old.policy_version is None
+    assert finished_old.completion_tokens == LONG_TOKENS and finished_old.policy_version is None
     assert during.policy_version == 1 and versions == ["1", "1"]
     for c, hits in after:
         assert hits == 0  # no KV computed with the old weights was reused
