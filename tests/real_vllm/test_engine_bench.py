@@ -46,9 +46,14 @@ def test_the_quick_engine_benchmark_fills_every_row_from_the_engines_counters(fl
         for p in points.values():
             c = p["counters"]
             assert c["generation_tokens"] > 0 and c["requests"] > 0 and c["queued"] > 0, (side, p["label"])
-            assert 0 < c["prefix_hits"] < c["prefix_queries"], (side, p["label"])
+            assert 0 <= c["prefix_hits"] <= c["prefix_queries"], (side, p["label"])
             assert (c["flops"] > 0) == (side == "engine"), (side, p["label"])  # vLLM's FLOP estimate is on
             assert p["in_flight"] > 0 and p["load"]["samples"] > 0, (side, p["label"])
+        # Reuse is counted, but not at every point: a window whose new admissions all came while 64 sessions thrashed
+        # the small cache (each one a re-admission after a preemption, which vLLM leaves out of the prefix counters)
+        # can count no query at all.
+        hits = sum(p["counters"]["prefix_hits"] for p in points.values())
+        assert 0 < hits < sum(p["counters"]["prefix_queries"] for p in points.values()), side
         assert points["fixed 64"]["in_flight"] > points["fixed 16"]["in_flight"] > points["fixed 4"]["in_flight"]
     assert isinstance(knee["engine_knee"], int) and isinstance(knee["sim_knee"], int)
     for p in knee["engine"]:  # vLLM's own step figures, which the simulator's shared-host curves come from
