@@ -36,19 +36,16 @@ from terminus_env.rules import (
     Verdict,
     as_reply,
     ending_after,
+    failure_shown,
     judge_after_commands,
     judge_reply,
     tamper_ending,
 )
 from terminus_env.sandbox import (
-    AgentCaused,
-    DiskLimitExceeded,
-    ResourcesExhausted,
     Sandbox,
     SandboxError,
     SandboxLost,
     SandboxPool,
-    TerminalGone,
     TerminalOutput,
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
@@ -364,7 +361,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
                     episode.verifier = dict(result.files)
                     tampering = tuple(finding.as_dict() for finding in result.tampering)
-                    ending = tamper_ending(tampering, self.tamper)
+                    ending = tamper_ending(result.tampering, self.tamper)
                     if ending is not None:
                         reason, graded, reward = ending, False, 0.0
             except SandboxError as exc:  # the agent's processes may have starved or broken the verifier
@@ -468,16 +465,11 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
 
 
 async def _failure(sandbox: Sandbox | None, exc: SandboxError) -> Failure:
-    """What the host can show about a sandbox failure: the rules (``ending_after``) decide whose fault it was."""
-    if isinstance(exc, (ResourcesExhausted, DiskLimitExceeded)) or (sandbox is not None and sandbox.violation):
-        return Failure.AGENT_LIMIT
-    if isinstance(exc, SandboxLost) and sandbox is not None and await sandbox.lost_to_agent():
-        return Failure.AGENT_LIMIT
-    if isinstance(exc, TerminalGone):
-        return Failure.TERMINAL_LOST
-    if isinstance(exc, AgentCaused):
-        return Failure.AGENT_BROKE
-    return Failure.INFRASTRUCTURE
+    """Gather what the host can show about a sandbox failure; the rules (``rules.failure_shown``) weigh it."""
+    if sandbox is None:
+        return exc.shows
+    lost = isinstance(exc, SandboxLost) and await sandbox.lost_to_agent()
+    return failure_shown(exc.shows, limit_broken=sandbox.violation is not None, daemon_lost_to_agent=lost)
 
 
 def _terminal_info(output: TerminalOutput) -> dict[str, Any]:

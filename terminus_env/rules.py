@@ -9,7 +9,7 @@ generated from :class:`EndReason` (:func:`end_reason_table`) and checked against
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from terminus_env.named import Named as _Named
@@ -144,7 +144,9 @@ def as_reply(action: object) -> Reply:
 
 
 class Failure(_Named):
-    """What the host can show about a sandbox failure (``ending_after`` turns it into an end reason)."""
+    """What the host can show about a sandbox failure. Whose fault it was is decided here, in one place: each
+    sandbox error says what it shows (``SandboxError.shows``), :func:`failure_shown` weighs it against what the host
+    saw, and :func:`ending_after` turns the result into an end reason."""
 
     AGENT_LIMIT = "agent_limit"
     """The agent's processes exhausted the sandbox: pids, memory (the OOM killer took the daemon), disk."""
@@ -154,6 +156,26 @@ class Failure(_Named):
     """The agent's shell or its tmux server is gone."""
     INFRASTRUCTURE = "infrastructure"
     """Docker failed, the host's side raised, or the container was stopped from outside."""
+
+
+def lost_by_agent(running: bool, oom_killed: bool, daemon_stderr: str) -> bool:
+    """Whether a lost control daemon was the agent's doing. Nothing inside the container can see or signal the
+    daemon, the container's init or its main process, and the OOM killer takes every process of the agent's and
+    the verifier's first (``sandbox/inside/processes.py``); a traceback of ours in the daemon's stderr is our bug.
+    So a daemon that died while its container runs did so under the memory the agent holds, and a container that
+    ended was stopped from outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
+    if "Traceback" in daemon_stderr:
+        return False
+    return running or oom_killed
+
+
+def failure_shown(error_shows: Failure, *, limit_broken: bool, daemon_lost_to_agent: bool) -> Failure:
+    """What a sandbox failure shows, from what its error says (``SandboxError.shows``) and what the host saw: a
+    limit the agent broke (the disk watch) or a daemon it starved (:func:`lost_by_agent`) outranks the error that
+    surfaced first, which may be only the consequence."""
+    if limit_broken or daemon_lost_to_agent:
+        return Failure.AGENT_LIMIT
+    return error_shows
 
 
 def ending_after(failure: Failure, *, grading: bool, reason: EndReason | None = None) -> EndReason:
@@ -186,7 +208,7 @@ class TamperPolicy(_Named):
         return cls.FAIL if mode == "train" else cls.REPORT
 
 
-def tamper_ending(findings: Sequence[Mapping[str, object]], policy: TamperPolicy) -> EndReason | None:
+def tamper_ending(findings: Collection[object], policy: TamperPolicy) -> EndReason | None:
     """How a graded episode whose verifier run raised ``findings`` ends under ``policy``, or None when the grade
     stands: ``tampered`` when there is any finding (each names what the agent provided that decided the verdict)."""
     if not findings or policy is TamperPolicy.REPORT:

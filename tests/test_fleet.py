@@ -25,7 +25,15 @@ from terminus_env.env import EndReason, TerminusEnv
 from terminus_env.rollout import RolloutRunner
 from terminus_env.rollout.policy import OraclePolicy, PolicyOutput, Rollout
 from terminus_env.rules import Reply
-from terminus_env.sandbox.errors import DiskLimitExceeded, ImageBuildError, SandboxError, SandboxLost
+from terminus_env.sandbox.errors import (
+    AgentCaused,
+    BrokenByAgent,
+    DiskLimitExceeded,
+    ImageBuildError,
+    SandboxError,
+    SandboxLost,
+    error_kinds,
+)
 from terminus_env.tasks import load_task, load_tasks, shipped_tasks_dir
 
 ray = import_ray()
@@ -80,6 +88,29 @@ def test_errors_cross_the_wire_with_their_type_and_fields() -> None:
     other = error_from_wire(error_to_wire(KeyError("x")))
     assert type(other) is SandboxError and "KeyError" in str(other)
     assert type(error_from_wire(WireError("NoSuchError", "m"))) is SandboxError
+
+
+def test_every_sandbox_error_crosses_the_wire_with_its_fault() -> None:
+    """A class the wire did not know crossed as the infrastructure's plain error: an agent that broke the verifier's
+    shell on a remote host had its 0 masked. Every class is known now, found from the base class."""
+    kinds = error_kinds()
+    assert {"BrokenByAgent", "TerminalGone", "ResourcesExhausted", "DiskLimitExceeded", "SandboxLost"} <= set(kinds)
+    for cls in kinds.values():
+        sent = cls.__new__(cls)
+        Exception.__init__(sent, "what happened")
+        back = error_from_wire(error_to_wire(sent))
+        assert type(back) is cls and str(back) == "what happened"
+        assert isinstance(back, AgentCaused) == issubclass(cls, AgentCaused)
+
+    class Wrecked(BrokenByAgent):  # a class the host has loaded and the pool's side may not have
+        def __init__(self, what: str) -> None:
+            super().__init__(f"the agent removed {what}")
+
+    wire = error_to_wire(Wrecked("/bin/sh"))
+    assert isinstance(error_from_wire(wire), Wrecked)
+    unknown = dataclasses.replace(wire, kind="ClassThePoolNeverLoaded")
+    back = error_from_wire(unknown)
+    assert type(back) is BrokenByAgent and "the agent removed /bin/sh" in str(back)
 
 
 # ----- a real two-node cluster -------------------------------------------------------------------------------

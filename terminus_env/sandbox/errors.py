@@ -7,12 +7,18 @@ must never be masked); every other :class:`SandboxError` is a fault of the infra
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from terminus_env.errors import TerminusError
+from terminus_env.rules import Failure
 
 
 class SandboxError(TerminusError):
     """Base class for every failure of a sandbox, its images or its terminal; infrastructure unless a subclass
     says otherwise."""
+
+    shows: ClassVar[Failure] = Failure.INFRASTRUCTURE
+    """What this error shows about whose fault the failure was (``rules.failure_shown`` weighs it)."""
 
 
 class DockerUnavailable(SandboxError):
@@ -44,9 +50,13 @@ class SandboxLost(SandboxError):
 class AgentCaused(SandboxError):
     """The sandbox stopped working because of what the agent did in it; the episode is the agent's failure."""
 
+    shows: ClassVar[Failure] = Failure.AGENT_BROKE
+
 
 class TerminalGone(AgentCaused):
     """The agent's shell or its tmux server is gone (``exit``, Ctrl-D, ``kill -9 -1``, ``tmux kill-server``)."""
+
+    shows: ClassVar[Failure] = Failure.TERMINAL_LOST
 
 
 class BrokenByAgent(AgentCaused):
@@ -57,10 +67,14 @@ class BrokenByAgent(AgentCaused):
 class ResourcesExhausted(AgentCaused):
     """Nothing more could start in the sandbox: the agent's processes used up its pids or memory."""
 
+    shows: ClassVar[Failure] = Failure.AGENT_LIMIT
+
 
 class DiskLimitExceeded(AgentCaused):
     """The agent wrote more than the task's ``storage_mb`` into the container, or filled it where the engine
     enforces the limit itself."""
+
+    shows: ClassVar[Failure] = Failure.AGENT_LIMIT
 
     def __init__(self, used_mb: float, limit_mb: int) -> None:
         self.used_mb = used_mb
@@ -69,3 +83,15 @@ class DiskLimitExceeded(AgentCaused):
             f"the sandbox's writable layer reached {used_mb:.0f} MB, and the task's storage limit is {limit_mb} MB; "
             "the agent's processes were stopped"
         )
+
+
+def error_kinds() -> dict[str, type[SandboxError]]:
+    """Every sandbox error class by name, found from :class:`SandboxError` itself, so a class added later is known
+    to the Ray fleet's wire format without being listed (a missing one would cross as the infrastructure's fault)."""
+    found: dict[str, type[SandboxError]] = {}
+    todo: list[type[SandboxError]] = [SandboxError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found

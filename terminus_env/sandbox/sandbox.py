@@ -31,6 +31,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.types import LogConfig
 
+from terminus_env.rules import lost_by_agent
 from terminus_env.sandbox.archives import tar_dir, tar_file
 from terminus_env.sandbox.channel import LOG_PREFIX, Channel, ChannelFolder, Route, channel_route
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
@@ -288,7 +289,7 @@ class Sandbox:
         return max(self._ends - time.monotonic(), 0.0)
 
     async def lost_to_agent(self) -> bool:
-        """Whether the agent's doing ended this sandbox's control daemon (see :func:`lost_by_agent`)."""
+        """Whether the agent's doing ended this sandbox's control daemon (the rule: ``rules.lost_by_agent``)."""
         try:
             attrs = await asyncio.to_thread(self._client.api.inspect_container, self.id)
         except DockerException:
@@ -333,17 +334,6 @@ class Sandbox:
             self._client.api.put_archive(self.id, "/", data)
         except APIError as exc:
             raise SandboxError(f"copying into sandbox {self.id[:12]} failed: {exc}") from exc
-
-
-def lost_by_agent(running: bool, oom_killed: bool, daemon_stderr: str) -> bool:
-    """Whether a lost control daemon was the agent's doing. Nothing inside the container can see or signal the
-    daemon, the container's init or its main process, and the OOM killer takes every process of the agent's and
-    the verifier's first (inside/processes.py); a traceback of ours in the daemon's stderr is our bug. So a daemon
-    that died while its container runs did so under the memory the agent holds, and a container that ended was
-    stopped from outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
-    if "Traceback" in daemon_stderr:
-        return False
-    return running or oom_killed
 
 
 def _exec_result(reply: Mapping[str, Any]) -> ExecResult:

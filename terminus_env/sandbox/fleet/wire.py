@@ -11,25 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from terminus_env.sandbox.errors import (
-    AgentCaused,
-    DiskLimitExceeded,
-    DockerUnavailable,
-    ImageBuildError,
-    ResourcesExhausted,
-    SandboxError,
-    SandboxLost,
-    TerminalGone,
-)
-
-ERROR_KINDS: dict[str, type[Exception]] = {
-    cls.__name__: cls
-    for cls in (
-        SandboxError, SandboxLost, AgentCaused, TerminalGone, ResourcesExhausted, DiskLimitExceeded,
-        ImageBuildError, DockerUnavailable,
-    )
-}  # fmt: skip
-"""The errors a host may answer with; anything else arrives as a plain SandboxError naming its type."""
+from terminus_env.sandbox.errors import SandboxError, error_kinds
 
 
 @dataclass(frozen=True)
@@ -52,6 +34,9 @@ class WireError:
     kind: str
     message: str
     fields: dict[str, Any] = field(default_factory=dict)
+    lineage: tuple[str, ...] = ()
+    """The error's sandbox-error ancestors, nearest first: the pool's side rebuilds the first one it knows, so a
+    class only the host has loaded still arrives with its fault (an ``AgentCaused`` stays the agent's)."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +80,20 @@ class HostInfo:
 
 
 def error_to_wire(exc: BaseException) -> WireError:
-    kind = type(exc).__name__
-    if ERROR_KINDS.get(kind) is not type(exc):
-        return WireError("SandboxError", f"{kind}: {exc}")
-    return WireError(kind, str(exc), dict(vars(exc)))
+    if not isinstance(exc, SandboxError):  # a failure of the host's side
+        return WireError("SandboxError", f"{type(exc).__name__}: {exc}")
+    lineage = tuple(cls.__name__ for cls in type(exc).__mro__[1:] if issubclass(cls, SandboxError))
+    return WireError(type(exc).__name__, str(exc), dict(vars(exc)), lineage)
 
 
 def error_from_wire(wire: WireError) -> Exception:
-    """The typed error the host raised, with its message and attributes, built without its constructor."""
-    cls = ERROR_KINDS.get(wire.kind, SandboxError)
+    """The typed error the host raised, with its message and attributes, built without its constructor; an error
+    of a class this side lacks is rebuilt as its nearest known ancestor, and anything else as a plain
+    :class:`SandboxError` (the infrastructure's)."""
+    kinds = error_kinds()
+    cls = next((kinds[name] for name in (wire.kind, *wire.lineage) if name in kinds), SandboxError)
     error = cls.__new__(cls)
     Exception.__init__(error, wire.message)
-    vars(error).update(wire.fields)
+    if cls.__name__ == wire.kind:
+        vars(error).update(wire.fields)
     return error
