@@ -120,7 +120,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     rejected or truncated turn ends the episode with reward 0, ungraded, so that a rescued format
     error can never earn a positive advantage. ``mode="eval"`` is lenient by default, like
     Terminal-Bench. ``info["end_reason"]`` (an :class:`EndReason`) says how an episode ended and whose
-    fault it was; ``info["env_error"]`` marks the episodes a trainer should mask, which only the
+    fault it was; ``info["masked"]`` marks the episodes a trainer should drop, which only the
     infrastructure's faults are.
     """
 
@@ -235,10 +235,21 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode: the previous sandbox is released and a fresh one started from the task's image.
 
-        Returns ``(observation, info)``: the first user message (format rules, the instruction and the
-        current screen) and ``{"messages", "task", "turn": 0, "screen"}`` (``screen``: the terminal as the
-        observation shows it). Raises :class:`SandboxError` when no
-        sandbox can start (the runner turns that into an ``env_error`` trajectory).
+        Args:
+            seed: Gymnasium's seed (the task itself is deterministic; nothing here draws from it).
+            options: unused; accepted for Gymnasium's signature.
+
+        Returns:
+            ``(observation, info)``: the first user message (the format rules, the instruction and the current
+            screen), and ``info`` with:
+
+            - ``messages``: the conversation so far (the one user message);
+            - ``task``: the task's name;
+            - ``turn``: 0;
+            - ``screen``: the terminal as the observation shows it.
+
+        Raises:
+            SandboxError: no sandbox could start (the runner turns that into a masked trajectory).
         """
         super().reset(seed=seed)
         await self._release_sandbox()
@@ -256,18 +267,38 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         return obs, {"messages": self.messages, "task": self.task.name, "turn": 0, "screen": screen}
 
     async def astep(self, action: str | Reply) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Play one turn: ``action`` is the model's whole reply (a ``str``, or a :class:`Reply` with what the engine
-        said about it). Returns Gymnasium's ``(observation, reward, terminated, truncated, info)``.
+        """Play one turn.
 
-        The observation is the next user message ("" once the episode ended). The reward is 0 until the end,
-        then the verifier's reward for graded endings and 0 otherwise. ``terminated`` ends by the task or a
-        fault, ``truncated`` by a time or turn limit. ``info`` holds ``turn``, ``format_error``, ``warnings``,
-        ``format_errors``, ``format_error_opening_streak``, ``truncated_turns``, ``new_messages``, ``commands`` (the
-        commands typed, as ``{"keystrokes", "duration"}`` dicts) and ``terminal`` (what the terminal showed after them:
-        ``{"text", "is_screen"}``, or None when nothing ran); at the end also ``end_reason``, ``env_error``,
-        ``episode`` (the summary) and ``verifier`` (the verifier's files by their names in a Harbor trial's
-        ``verifier/`` folder, its output ``test-stdout.txt`` among them; None when it did not run). An action of
-        another type raises ``TypeError`` and changes nothing.
+        Args:
+            action: the model's whole reply: a ``str``, or a :class:`Reply` with what the engine said about it (its
+                finish reason and token counts, and the model's context length). Another type raises ``TypeError``
+                and changes nothing.
+
+        Returns:
+            Gymnasium's ``(observation, reward, terminated, truncated, info)``:
+
+            - ``observation``: the next user message, or "" once the episode ended;
+            - ``reward``: 0 until the end; then the verifier's reward for a graded ending, 0 otherwise;
+            - ``terminated``: the episode ended by the task or a fault;
+            - ``truncated``: it ended by a time or turn limit;
+            - ``info``, every turn:
+
+              - ``turn``: turns played, this one included;
+              - ``format_error``: why this reply was rejected or rescued, or None;
+              - ``warnings``: the parser's warnings on this reply;
+              - ``format_errors``, ``format_error_opening_streak``, ``truncated_turns``: the episode's counts;
+              - ``new_messages``: the messages this turn added (the reply, and the next user message);
+              - ``commands``: the commands typed, as ``{"keystrokes", "duration"}`` dicts;
+              - ``terminal``: what the terminal showed after them, ``{"text", "is_screen"}``, or None;
+
+              and once the episode ended:
+
+              - ``end_reason``: an :class:`EndReason`, which says whose fault the ending was;
+              - ``masked``: a trainer drops this episode: its reward says nothing of the model (only the
+                infrastructure's faults are masked). ``env_error`` is the same value under its former name;
+              - ``episode``: the :class:`EpisodeSummary` as a dict;
+              - ``verifier``: the verifier's files by their names in a Harbor trial's ``verifier/`` folder (its
+                output, ``test-stdout.txt``, among them), or None when it did not run.
         """
         reply = as_reply(action)
         episode = self._require_episode()
@@ -422,7 +453,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         }
         if episode.summary is not None:
             info["end_reason"] = episode.summary.end_reason
-            info["env_error"] = episode.summary.env_error
+            info["masked"] = episode.summary.env_error
+            info["env_error"] = episode.summary.env_error  # the former name of ``masked``, kept for one release
             info["episode"] = asdict(episode.summary)
             info["verifier"] = episode.verifier
         return obs, float(outcome.reward), outcome.terminated, outcome.truncated, info
