@@ -11,18 +11,15 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "terminus_env"
 
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "config", "named", "plain_numbers", "limits", "process_group", "text_space", "sidecars",
-              "sandbox.text", "__version__")),  # fmt: skip
+    ("base", ("errors", "config", "utils", "sandbox.text", "__version__")),
     ("protocol and rules", ("protocol", "rules")),
     ("sandbox", ("sandbox",)),
     ("serving", ("serving",)),
     ("tasks", ("tasks",)),
-    ("env", ("env", "bridge")),
+    ("env", ("env",)),
     ("rollout", ("rollout",)),
-    ("records", ("metrics", "training", "step_log", "rollout.stats", "rollout.run_log", "rollout.report",
-                 "rollout.progress", "rollout.harbor_job", "rollout.harbor_records", "rollout.atif", "rollout.cast",
-                 "rollout.timeline")),  # fmt: skip
-    ("applications", ("audit", "tasks.check", "tasks.image_prune", "rollout.evaluate", "viewer", "tiny_model",
+    ("records", ("records", "training")),
+    ("applications", ("audit", "cli.check", "cli.image_prune", "cli.evaluate", "cli.tiny_model", "viewer",
                       "integrations")),  # fmt: skip
     ("command line", ("cli", "__init__")),
 )
