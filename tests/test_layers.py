@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "terminus_env"
 
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "config", "utils", "sandbox.text", "__version__")),
+    ("base", ("errors", "config", "utils", "__version__")),
     ("protocol and rules", ("protocol", "rules")),
     ("sandbox", ("sandbox",)),
     ("serving", ("serving",)),
@@ -29,9 +29,6 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 TOP_MODULES = {"__init__", "env", "rules", "config", "errors", "training"}
 """The only modules loose at the top of the package; everything else lives in the folder of its floor."""
-
-OFF_FOLDER = {"sandbox.text"}
-"""Modules on a lower floor than their folder: the output cap, which the protocol's prompts share with the terminal."""
 
 EXEMPT = {"sandbox.inside"}
 """The daemon that runs inside containers, shipped into them as source: it imports nothing of the package but its
@@ -97,7 +94,7 @@ def _mixed_folders(names: Iterable[str], floor: Callable[[str], int | None]) -> 
     by_folder: dict[str, set[int | None]] = {}
     for name in names:
         folder, _, module = name.partition(".")
-        if module and module != "__main__" and name not in OFF_FOLDER:
+        if module and module != "__main__":
             by_folder.setdefault(folder, set()).add(floor(name))
     return [f"{folder}/ spans floors {sorted(floors, key=str)}" for folder, floors in sorted(by_folder.items())
             if len(floors) > 1]  # fmt: skip

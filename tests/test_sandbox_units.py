@@ -12,7 +12,7 @@ from terminus_env.sandbox.images import _split_reference, context_hash, slug
 from terminus_env.sandbox.services import Readiness, readiness
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
 from terminus_env.sandbox.terminal import CHUNK_BYTES, key_arguments
-from terminus_env.sandbox.text import cap_text
+from terminus_env.utils.output_cap import cap_text
 from terminus_env.utils.sidecars import Condition
 
 
