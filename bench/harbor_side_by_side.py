@@ -9,7 +9,7 @@ proactive summary off (``proactive_summarization_threshold=0``), so the reactive
 
 The tasks are copies of shipped and compatibility tasks with ``allow_internet = true``, because Harbor's docker
 environment refuses a task without network; both harnesses run the same copies. Per harness it reports the score
-with its 95% interval (the leaderboard's estimator, ``terminus_env.rollout.stats``), and per task the mean reward,
+with its 95% interval (the leaderboard's estimator, ``terminus_env.records.stats``), and per task the mean reward,
 turns per trial, end reasons, ``task_complete`` confirmations and summarizations; with the machine's load.
 
 Needs ``.venv-harbor`` (``pip install 'terminus-env[harbor]'``, Python >= 3.12), Docker and Compose v2
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from terminus_env.rollout import stats
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records import stats
+from terminus_env.records.run_log import read_run
 from terminus_env.rollout.served_oracle import FlakyOracleReplies
 from terminus_env.sandbox.images import prune_task_images
 from terminus_env.serving.sim.engine import SimConfig

@@ -131,7 +131,7 @@ def serve(model_dir: Path, log_dir: Path, compiled: bool, dp: int = 2) -> ServeP
 
 
 def measure(work: Path, compiled: bool) -> dict:
-    from terminus_env.tiny_model import save_tiny_model
+    from terminus_env.cli.tiny_model import save_tiny_model
 
     model_dir = save_tiny_model(work / "tiny")
     served = serve(model_dir, work / ("logs-compiled" if compiled else "logs"), compiled)
@@ -162,7 +162,7 @@ def sync_scaling(work: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from terminus_env.tiny_model import TinyModelConfig, save_tiny_model
+    from terminus_env.cli.tiny_model import TinyModelConfig, save_tiny_model
 
     model_dir = save_tiny_model(work / "medium", config=TinyModelConfig(**MEDIUM))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 
 from terminus_env import load_task
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import oracle_reply
 from terminus_env.serving import ServingPool

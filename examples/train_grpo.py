@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     model_path = args.model
     if args.tiny:
-        from terminus_env.tiny_model import save_tiny_model
+        from terminus_env.cli.tiny_model import save_tiny_model
 
         model_path = str(save_tiny_model(output / "tiny-initial"))
     tasks = [find_task(name) for name in args.tasks]

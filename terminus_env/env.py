@@ -3,7 +3,7 @@
 An action is the model's whole reply (text, or a :class:`Reply` carrying what the engine said about
 it); an observation is the next user message. The async methods (``areset``, ``astep``,
 ``aclose``) are the core; ``reset``/``step``/``close`` run them on the process-wide background loop
-(:func:`terminus_env.bridge.shared_loop`), so sync envs can share one warm ``SandboxPool``.
+(:func:`terminus_env.utils.bridge.shared_loop`), so sync envs can share one warm ``SandboxPool``.
 
 For many rollouts at once, prefer :class:`terminus_env.rollout.RolloutRunner` over
 ``gymnasium.make_vec``: it runs every episode on one event loop with a shared sandbox pool and
@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from terminus_env.bridge import close_on_foreign_loop, shared_loop
 from terminus_env.protocol import MAX_COMMAND_DURATION, Command, ParsedReply, Strictness, prompts
 from terminus_env.rules import (
     Counters,
@@ -49,7 +48,8 @@ from terminus_env.sandbox import (
     TerminalOutput,
 )
 from terminus_env.tasks import Task, find_task, grade, task_image
-from terminus_env.text_space import fit, text_space
+from terminus_env.utils.bridge import close_on_foreign_loop, shared_loop
+from terminus_env.utils.text_space import fit, text_space
 
 __all__ = ["EndReason", "EpisodeSummary", "Fault", "Reply", "TamperPolicy", "TerminusEnv"]
 

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from terminus_env.named import Named as _Named
 from terminus_env.protocol import ParsedReply, Strictness, parse_reply, prompts, salvage_truncated
+from terminus_env.utils.named import Named as _Named
 
 
 class Fault(_Named):

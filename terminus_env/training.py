@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from terminus_env.errors import TerminusError
-from terminus_env.metrics import DriftCounts
+from terminus_env.records.metrics import DriftCounts
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
 from terminus_env.rules import EndReason
 
@@ -253,7 +253,7 @@ def untrained_token_share(trajectories: Sequence[Trajectory], sequences: Sequenc
 
 
 def drift_counts(sequences: Iterable[MergedSequence]) -> DriftCounts:
-    """The drift figures of a batch, for :func:`terminus_env.metrics.aggregate`."""
+    """The drift figures of a batch, for :func:`terminus_env.records.metrics.aggregate`."""
     turns = tokens = 0
     drifted_rollouts: set[str] = set()
     for sequence in sequences:

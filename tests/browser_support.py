@@ -25,7 +25,7 @@ import pytest
 from require import REQUIRE_BROWSER
 
 from terminus_env.config import env_flag
-from terminus_env.process_group import end_group
+from terminus_env.utils.process_group import end_group
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"

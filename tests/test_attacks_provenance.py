@@ -16,7 +16,7 @@ import pytest
 from attack_support import assert_caught, background, cheat, pytest_task_in
 
 from terminus_env import load_task
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.tasks.grading import REWARD_TXT
 
 pytestmark = pytest.mark.usefixtures("docker_required")

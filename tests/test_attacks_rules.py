@@ -28,7 +28,7 @@ from shapes_support import (
     zip_bytes,
 )
 
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 

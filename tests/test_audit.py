@@ -20,8 +20,8 @@ from terminus_env.audit.survey import FileEntry, Survey
 from terminus_env.audit.verdict import Episode, Verdict, train_outcome
 from terminus_env.cli import main
 from terminus_env.integrations.task_lookup import HackableTask, TaskLookup
+from terminus_env.records.run_log import read_run
 from terminus_env.rollout.policy import Rollout
-from terminus_env.rollout.run_log import read_run
 from terminus_env.rules import EndReason
 from terminus_env.tasks import load_task, load_tasks, shipped_tasks_dir
 from terminus_env.tasks.loader import task_dirs

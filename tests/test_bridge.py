@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from terminus_env import TerminusEnv, load_task
-from terminus_env.bridge import BackgroundLoop, shared_loop
 from terminus_env.sandbox import SandboxPool
+from terminus_env.utils.bridge import BackgroundLoop, shared_loop
 
 WRITE_AND_FINISH = (
     "<response><analysis>Write it.</analysis><plan>Write the file.</plan>"

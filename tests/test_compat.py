@@ -24,11 +24,11 @@ import docker
 import pytest
 from sandbox_support import remove_tags
 
+from terminus_env.cli.check import check_task
 from terminus_env.sandbox import ImageBuildError, Sandbox, SandboxError, reap
 from terminus_env.sandbox.owner import LABEL, PID_LABEL, RUN_LABEL
 from terminus_env.sandbox.services import SERVICE_LABEL
 from terminus_env.tasks import TaskError, load_task, task_image
-from terminus_env.tasks.check import check_task
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parent.parent

@@ -17,9 +17,9 @@ from task_support import FAILURE, write_task
 
 from terminus_env.cli import main as cli_main
 from terminus_env.config import EVAL_STRICT_FORMAT, EVAL_STRICT_TRUNCATION
+from terminus_env.records.report import build_report, print_report
+from terminus_env.records.run_log import TaskStage, read_run
 from terminus_env.rollout.policy import draw, request_seed
-from terminus_env.rollout.report import build_report, print_report
-from terminus_env.rollout.run_log import TaskStage, read_run
 from terminus_env.sandbox.images import prune_task_images
 
 pytestmark = pytest.mark.usefixtures("docker_required")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from terminus_env.rollout.report import build_report, print_report
-from terminus_env.rollout.run_log import RolloutRecord, RunConfig, RunContents, TaskErrorRecord, TaskStage
+from terminus_env.records.report import build_report, print_report
+from terminus_env.records.run_log import RolloutRecord, RunConfig, RunContents, TaskErrorRecord, TaskStage
 
 
 def contents(trials: int, rewards: dict[str, list[float]], broken: tuple[str, ...] = ()) -> RunContents:

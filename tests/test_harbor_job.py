@@ -15,7 +15,7 @@ import pytest
 from task_support import BROKEN, FAILURE, FLAKY_SEED, TASK, TRIALS, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.run_log import read_run
 from terminus_env.sandbox.images import prune_task_images
 from terminus_env.sandbox.terminal import HEIGHT, WIDTH
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from terminus_env.rollout.atif import agent_spec, atif_trajectory
-from terminus_env.rollout.cast import asciinema_cast
-from terminus_env.rollout.harbor_records import JobInfo, job_result, rollout_result
-from terminus_env.rollout.run_log import RolloutRecord, RunConfig
+from terminus_env.records.atif import agent_spec, atif_trajectory
+from terminus_env.records.cast import asciinema_cast
+from terminus_env.records.harbor_records import JobInfo, job_result, rollout_result
+from terminus_env.records.run_log import RolloutRecord, RunConfig
 
 CONFIG = RunConfig(folder="/suite", names=(), trials=1, policy="model:qwen", strict_format=False,
                    strict_truncation=False, max_turns=30, max_turn_tokens=16384)  # fmt: skip

@@ -12,9 +12,9 @@ import docker
 import pytest
 
 from terminus_env.cli import main as cli_main
+from terminus_env.cli.image_prune import current_tags
 from terminus_env.sandbox.images import BASE_IMAGE, IMAGE_LABEL, ensure_image, prune_task_images
 from terminus_env.tasks import load_task
-from terminus_env.tasks.image_prune import current_tags
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from terminus_env.env import EpisodeSummary
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 
 
 def summary(reward=0.0, end="task_complete", format_errors=0, streak=0, truncated=0, turns=3, env_error=False):

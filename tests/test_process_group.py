@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from terminus_env import process_group
-from terminus_env.process_group import end_group, live_members
+from terminus_env.utils import process_group
+from terminus_env.utils.process_group import end_group, live_members
 
 # A leader that starts a writer in its own group, says the writer's pid, and exits: the shape of a program stopped
 # while a helper it forked still flushes into its folder.

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from terminus_env import load_task
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout import OraclePolicy, RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import OracleReplies, oracle_reply
 from terminus_env.serving import ServingPool

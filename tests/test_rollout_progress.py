@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from terminus_env.rollout.progress import Progress, Tally
+from terminus_env.records.progress import Progress, Tally
 
 
 class Terminal(io.StringIO):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from terminus_env.protocol import Strictness
-from terminus_env.rollout.run_log import (
+from terminus_env.records.run_log import (
     FORMAT_VERSION,
     RolloutRecord,
     RunConfig,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from terminus_env.rollout.stats import Trial, pass_at_k, report, task_score
+from terminus_env.records.stats import Trial, pass_at_k, report, task_score
 
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))

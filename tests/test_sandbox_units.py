@@ -12,8 +12,8 @@ from terminus_env.sandbox.images import _split_reference, context_hash, slug
 from terminus_env.sandbox.services import Readiness, readiness
 from terminus_env.sandbox.spec import DEFAULT_CPUS, DEFAULT_MEMORY_MB, SandboxSpec
 from terminus_env.sandbox.terminal import CHUNK_BYTES, key_arguments
-from terminus_env.sandbox.text import cap_text
-from terminus_env.sidecars import Condition
+from terminus_env.utils.output_cap import cap_text
+from terminus_env.utils.sidecars import Condition
 
 
 @pytest.mark.parametrize("name", ["C-c", "C-d", "Enter", "Escape", "Up", "Tab", "M-x", "C-M-a", "F12", "BSpace"])

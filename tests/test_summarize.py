@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 
 from terminus_env import TerminusEnv, load_task
+from terminus_env.cli.evaluate import rollout_record
+from terminus_env.records.atif import AgentSpec, atif_trajectory, subagent_trajectories
 from terminus_env.rollout import RolloutRunner, ServingPolicy
-from terminus_env.rollout.atif import AgentSpec, atif_trajectory, subagent_trajectories
-from terminus_env.rollout.evaluate import rollout_record
 from terminus_env.rollout.served_oracle import FlakyOracleReplies
 from terminus_env.rollout.summarize import (
     SummarizeConfig,

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_tasks_loader import harbor_task, tb1_task, write
 
-from terminus_env.sidecars import Condition, Dependency, Healthcheck, Services, Sidecar
 from terminus_env.tasks import TaskError, load_task
 from terminus_env.tasks.compose import read_compose
 from terminus_env.tasks.templates import TemplateError, substitute
+from terminus_env.utils.sidecars import Condition, Dependency, Healthcheck, Services, Sidecar
 
 # --- templates -----------------------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from terminus_env.cli.check import check_task, run_check
 from terminus_env.tasks import Task, apply_oracle, find_task, grade, load_task, task_image
-from terminus_env.tasks.check import check_task, run_check
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 

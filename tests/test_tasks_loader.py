@@ -306,7 +306,7 @@ def test_suite_task_follows_the_rules(task: Task) -> None:
 
 
 def test_task_table_lists_the_suite(capsys: pytest.CaptureFixture[str]) -> None:
-    from terminus_env.tasks.check import print_task_table
+    from terminus_env.cli.check import print_task_table
 
     print_task_table(shipped_tasks_dir())
     lines = capsys.readouterr().out.splitlines()

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from terminus_env.env import EpisodeSummary
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
 from terminus_env.training import (
     DriftPolicy,

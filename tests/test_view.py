@@ -12,8 +12,8 @@ from browser_support import ARTIFACTS, Browser, chromium_path
 from task_support import BROKEN, FAILURE, TASK, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.report import build_report, with_ci
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.report import build_report, with_ci
+from terminus_env.records.run_log import read_run
 from terminus_env.sandbox.images import prune_task_images
 
 pytestmark = pytest.mark.usefixtures("docker_required")

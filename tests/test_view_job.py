@@ -13,10 +13,10 @@ import pytest
 from view_support import BROKEN_TASK, TAMPER_FINDING, Synthetic, strict_training_steps, write_synthetic_job
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.report import build_report, with_ci
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.report import build_report, with_ci
+from terminus_env.records.run_log import read_run
+from terminus_env.records.step_log import StepLog, StepLogError, is_step_log, read_step_log, step_record
 from terminus_env.rules import EndReason
-from terminus_env.step_log import StepLog, StepLogError, is_step_log, read_step_log, step_record
 from terminus_env.training import MaskingPolicy, TimeLimitEnds
 from terminus_env.viewer.charts import Series, _ticks, line_chart, stacked_shares
 from terminus_env.viewer.job_source import SourceKind, open_job

@@ -13,7 +13,7 @@ from browser_support import ARTIFACTS, Browser, chromium_path
 from view_support import BROKEN_TASK, Synthetic, strict_training_steps, write_synthetic_job
 
 from terminus_env.cli import main as cli_main
-from terminus_env.step_log import StepLog
+from terminus_env.records.step_log import StepLog
 
 TASKS, TRIALS = 30, 4
 SHOWN_ROWS = "Array.from(document.querySelectorAll('#tasks tbody tr')).filter(r => !r.hidden).map(r => r.dataset.task)"

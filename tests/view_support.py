@@ -13,12 +13,12 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from terminus_env.cli.evaluate import rollout_record
 from terminus_env.env import EpisodeSummary
-from terminus_env.rollout.atif import agent_spec
-from terminus_env.rollout.evaluate import rollout_record
-from terminus_env.rollout.harbor_job import HarborJob
-from terminus_env.rollout.report import build_report
-from terminus_env.rollout.run_log import RolloutRecord, RunConfig, RunLog, TaskErrorRecord, TaskStage, read_run
+from terminus_env.records.atif import agent_spec
+from terminus_env.records.harbor_job import HarborJob
+from terminus_env.records.report import build_report
+from terminus_env.records.run_log import RolloutRecord, RunConfig, RunLog, TaskErrorRecord, TaskStage, read_run
 from terminus_env.rollout.trajectory import Trajectory, TurnRecord
 from terminus_env.rules import EndReason
 

@@ -1,7 +1,7 @@
 """Real vLLM replicas on this machine's CPU for the engine benchmarks, and what their ``/metrics`` say during a run.
 
-The model is :mod:`terminus_env.tiny_model`'s random Qwen2 (float32, two layers, one KV head of 64: 1,024 KV bytes per
-token; ``bench/engines.py quick`` cuts it to one layer, 512 bytes, which decodes half again as fast). It decodes
+The model is :mod:`terminus_env.cli.tiny_model`'s random Qwen2 (float32, two layers, one KV head of 64: 1,024 KV bytes
+per token; ``bench/engines.py quick`` cuts it to one layer, 512 bytes, which decodes half again as fast). It decodes
 thousands of tokens a second on one core, so what limits a replica is its KV pool, which vLLM's block-count override
 (``--num-gpu-blocks-override``) sets small enough that an agentic workload's working set exceeds it several times. Each
 replica is started by ``terminus-env serve --device cpu`` (one core each, whole prefills, development endpoints for
@@ -75,7 +75,7 @@ class EngineShape:
 
 def make_model(directory: Path, layers: int = MODEL_LAYERS) -> Path:
     """The tiny model with ``layers`` layers, made once per folder (a few seconds)."""
-    from terminus_env.tiny_model import TinyModelConfig, save_tiny_model
+    from terminus_env.cli.tiny_model import TinyModelConfig, save_tiny_model
 
     if not (directory / "config.json").exists():
         save_tiny_model(directory, config=TinyModelConfig(num_hidden_layers=layers))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 
 SERIES = (
     ("mean_format_errors", "format errors per rollout"),

@@ -65,7 +65,8 @@ class RecordingRollouts:
 
 
 def rollout_row(step: int, index: int, group_size: int, trajectory: Any) -> dict[str, Any]:
-    """A rollout's summary with its place in the batch; the keys ``terminus_env.metrics.aggregate`` reads included."""
+    """A rollout's summary with its place in the batch; the keys ``terminus_env.records.metrics.aggregate`` reads
+    included."""
     summary = trajectory.summary
     first = trajectory.turns[0] if trajectory.turns else None
     return {

@@ -1,6 +1,6 @@
 """The supervised start: a causal LM taught the recorded demonstrations, with a set share of broken openings.
 
-By default the model is made here (``terminus_env.tiny_model``'s Qwen2, wider and deeper, and a byte-level BPE
+By default the model is made here (``terminus_env.cli.tiny_model``'s Qwen2, wider and deeper, and a byte-level BPE
 trained on the demonstrations' text); given ``base`` (a folder or Hugging Face name) it fine-tunes that model and
 keeps its tokenizer and chat template instead (the GPU recipe). Only the assistant turns are trained.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from strict_lab.demos import Demo
-from terminus_env.tiny_model import TinyModelConfig, chatml_tokenizer, random_qwen2
+from terminus_env.cli.tiny_model import TinyModelConfig, chatml_tokenizer, random_qwen2
 
 # The tiny model's shape (2 layers, hidden 128) with room for more merges: on 2 shared cores a wider, deeper model (4
 # layers, hidden 256, 2.8M parameters) took 15 s per step of 8 demonstrations, this one about 3 s per step of 4.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from strict_lab.grpo_run import rollout_row
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.serving import ServingPool
 from terminus_env.serving.weight_sync import CheckpointReload

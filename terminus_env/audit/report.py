@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from terminus_env.audit.exploits import Channel
 from terminus_env.audit.verdict import Verdict
 from terminus_env.errors import TerminusError
-from terminus_env.rollout.stats import SUCCESS_REWARD
+from terminus_env.records.stats import SUCCESS_REWARD
 
 REPORT_VERSION = 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from terminus_env.audit.report import AuditReport
-from terminus_env.named import Named
+from terminus_env.utils.named import Named
 
 if TYPE_CHECKING:
     from terminus_env.tasks import Task

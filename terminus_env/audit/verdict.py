@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from terminus_env.audit.exploits import Channel, Exploit
-from terminus_env.named import Named
-from terminus_env.rollout.stats import SUCCESS_REWARD
+from terminus_env.records.stats import SUCCESS_REWARD
 from terminus_env.rules import EndReason, Fault, TamperPolicy, tamper_ending
+from terminus_env.utils.named import Named
 
 EPSILON = 1e-9
 VERIFIER_TIMED_OUT = "verifier timed out"

@@ -34,7 +34,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from terminus_env.env import TerminusEnv
 from terminus_env.integrations.task_lookup import TaskLookup, hackable_share
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.rollout.trajectory import Trajectory

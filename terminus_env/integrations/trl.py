@@ -4,7 +4,7 @@ TRL calls ``rollout_func(prompts, trainer)`` synchronously with the process's pr
 repeated ``num_generations`` times in a row (TRL 1.16's ``RepeatSampler``; its docstring says
 otherwise, the code does this). Each run of equal prompts is one GRPO group; each prompt names its
 task (the task's name, or text holding its instruction). Every episode runs on the process-wide
-background loop (:func:`terminus_env.bridge.shared_loop`), where the serving pool and the optional
+background loop (:func:`terminus_env.utils.bridge.shared_loop`), where the serving pool and the optional
 warm sandbox pool live for the trainer's whole life.
 
 Per rollout TRL gets one merged sequence (:mod:`terminus_env.training`): ``prompt_ids`` is the
@@ -37,15 +37,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from terminus_env.bridge import shared_loop
 from terminus_env.integrations.task_lookup import TaskLookup, hackable_share, prompt_text
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
+from terminus_env.records.step_log import StepLog
 from terminus_env.rollout import RolloutRunner, ServingPolicy
 from terminus_env.rollout.policy import Policy, Rollout
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.sandbox import SandboxPool
 from terminus_env.serving.weight_sync import CheckpointReload, WeightSync
-from terminus_env.step_log import StepLog
 from terminus_env.tasks import Task
 from terminus_env.training import (
     DEFAULT_MASKING,
@@ -57,6 +56,7 @@ from terminus_env.training import (
     merged_sequences,
     untrained_token_share,
 )
+from terminus_env.utils.bridge import shared_loop
 
 REWARD_FIELD = "env_reward"
 
@@ -66,7 +66,7 @@ class TerminusRollouts:
 
     ``max_tokens`` is the one per-turn limit: the engine cuts each reply there, and the env judges the cut by it
     (``max_turn_tokens``). A ``seed`` in ``sampling`` becomes one per rollout and turn, so a group holds no copies.
-    ``step_log`` (a path or a :class:`~terminus_env.step_log.StepLog`) records each batch's figures, a line
+    ``step_log`` (a path or a :class:`~terminus_env.records.step_log.StepLog`) records each batch's figures, a line
     per step, for ``terminus-env view``'s training-run page.
     """
 

@@ -24,7 +24,7 @@ from enum import Enum
 
 from lxml import etree
 
-from terminus_env.plain_numbers import read_decimal
+from terminus_env.utils.plain_numbers import read_decimal
 
 MAX_COMMAND_DURATION = 60.0
 DEFAULT_DURATION = 1.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from terminus_env.protocol.parser import MAX_COMMAND_DURATION, ParsedReply
-from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES as OUTPUT_LIMIT_BYTES  # re-exported
-from terminus_env.sandbox.text import cap_text
+from terminus_env.utils.output_cap import OUTPUT_LIMIT_BYTES as OUTPUT_LIMIT_BYTES  # re-exported
+from terminus_env.utils.output_cap import cap_text
 
 _FORMAT_RULES = f"""\
 You are working in a Linux terminal to complete the task below. Each turn you see what the \

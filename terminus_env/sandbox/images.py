@@ -30,12 +30,12 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from terminus_env import config
 from terminus_env.config import ConfigError
-from terminus_env.process_group import end_group
 from terminus_env.sandbox import buildkit
 from terminus_env.sandbox.builders import Builder, BuilderChoice, builder_setting, choose_builder, failure_reason
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import ImageBuildError
-from terminus_env.sidecars import Sidecar
+from terminus_env.utils.process_group import end_group
+from terminus_env.utils.sidecars import Sidecar
 
 BASE_IMAGE = "terminus-env/base:bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

@@ -46,7 +46,7 @@ from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
 from terminus_env.sandbox.spec import DAEMON_CAPABILITIES, LOG_LIMIT, SandboxSpec
 from terminus_env.sandbox.tamper import Finding, WatchReport, is_bytecode, judge, queries
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
-from terminus_env.sandbox.text import join_capped
+from terminus_env.utils.output_cap import join_capped
 
 __all__ = ["ExecResult", "Sandbox", "Terminal", "TerminalOutput", "VerifierRun"]
 

@@ -30,7 +30,7 @@ from terminus_env.sandbox.errors import ImageBuildError, SandboxError
 from terminus_env.sandbox.images import ensure_sidecar_image
 from terminus_env.sandbox.owner import Owner
 from terminus_env.sandbox.spec import CAPABILITIES, DEFAULT_CPUS, DEFAULT_MEMORY_MB, LOG_LIMIT, SandboxSpec
-from terminus_env.sidecars import Condition, Dependency, Sidecar
+from terminus_env.utils.sidecars import Condition, Dependency, Sidecar
 
 SERVICES_READY_S = 300.0
 """How long the services may take to reach what a container that depends on them waits for."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from terminus_env.limits import (
+from terminus_env.utils.limits import (
     MAX_CPUS,
     MAX_LIFETIME_S,
     MAX_MEMORY_MB,
@@ -18,7 +18,7 @@ from terminus_env.limits import (
     MIN_PIDS,
     MIN_STORAGE_MB,
 )
-from terminus_env.sidecars import Services
+from terminus_env.utils.sidecars import Services
 
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048

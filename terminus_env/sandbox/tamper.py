@@ -47,7 +47,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from terminus_env.named import Named
 from terminus_env.sandbox.runtime_paths import (
     CODE_SUFFIXES,
     DEFAULT_ZIP,
@@ -68,6 +67,7 @@ from terminus_env.sandbox.runtime_paths import (
     program_patterns,
     pth_runs_code,
 )
+from terminus_env.utils.named import Named
 
 __all__ = [
     "Change", "Finding", "Queries", "Relink", "RewardOpen", "TamperKind", "UsedFile", "WatchReport", "is_bytecode",

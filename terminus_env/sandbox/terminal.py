@@ -18,7 +18,7 @@ from typing import Any
 
 from terminus_env.sandbox.channel import Channel
 from terminus_env.sandbox.errors import AgentCaused, SandboxError, TerminalGone
-from terminus_env.sandbox.text import OUTPUT_LIMIT_BYTES, cap_text
+from terminus_env.utils.output_cap import OUTPUT_LIMIT_BYTES, cap_text
 
 WIDTH, HEIGHT = 160, 40
 HISTORY_LINES = 100_000

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 
 from terminus_env.errors import TerminusError
-from terminus_env.process_group import end_group
 from terminus_env.serving.weight_sync import BROKEN_TAG
+from terminus_env.utils.process_group import end_group
 
 KILL_WAIT_S = 30.0  # for every process of a SIGKILLed replica to be gone
 WEIGHT_TAG_POLL_S = 2.0  # how often the launcher reads each replica's weight version (with --weight-sync)

@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from terminus_env.limits import MAX_CPUS, MAX_MEMORY_MB, MAX_PIDS, MAX_TIMEOUT_S, MIN_CPUS, MIN_MEMORY_MB, MIN_PIDS
-from terminus_env.sidecars import Build, Condition, Dependency, Healthcheck, Services, Sidecar
+from terminus_env.utils.limits import MAX_CPUS, MAX_MEMORY_MB, MAX_PIDS, MAX_TIMEOUT_S, MIN_CPUS, MIN_MEMORY_MB, MIN_PIDS
+from terminus_env.utils.sidecars import Build, Condition, Dependency, Healthcheck, Services, Sidecar
 from terminus_env.tasks.task import TaskError
 from terminus_env.tasks.templates import TemplateError, substitute
 

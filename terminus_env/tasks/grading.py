@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from terminus_env.plain_numbers import read_decimal
+from terminus_env.utils.plain_numbers import read_decimal
 from terminus_env.tasks.task import Task, TaskError
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any, overload
 import yaml
 
 from terminus_env.config import host_environment
-from terminus_env.limits import (
+from terminus_env.utils.limits import (
     MAX_CPUS,
     MAX_MEMORY_MB,
     MAX_STORAGE_MB,

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from terminus_env.errors import TerminusError
-from terminus_env.sidecars import Services
+from terminus_env.utils.sidecars import Services
 
 if TYPE_CHECKING:
     from terminus_env.sandbox import SandboxSpec

@@ -1,7 +1,7 @@
 """``terminus-env view``: static HTML pages that open offline. A job (a Harbor job folder or an eval run file): the
 score, a table of its tasks, how its trials ended, and a page per trial, turn by turn. A training run (its step log,
-:mod:`terminus_env.step_log`): per step, the reward, the end reasons' shares, format errors, turns, tokens, tamper and
-masked rates.
+:mod:`terminus_env.records.step_log`): per step, the reward, the end reasons' shares, format errors, turns, tokens,
+tamper and masked rates.
 
 Summaries are pure data (``job_summary``, ``training_summary``: dataclasses, written beside each page as JSON); the
 pages (``job_page``, ``training_page``, ``page``) are rendered from them, their charts by ``charts``.

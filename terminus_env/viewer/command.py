@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from terminus_env.step_log import is_step_log, read_step_log
+from terminus_env.records.step_log import is_step_log, read_step_log
 from terminus_env.viewer.job_page import render_job
 from terminus_env.viewer.job_source import Job, SourceKind, open_job
 from terminus_env.viewer.job_summary import summarize_job

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from terminus_env.rollout import stats
-from terminus_env.rollout.report import with_ci
+from terminus_env.records import stats
+from terminus_env.records.report import with_ci
 from terminus_env.viewer.charts import Bar, bar_chart
 from terminus_env.viewer.job_summary import JobSummary, TaskRow, TrialRow
 from terminus_env.viewer.style import document, e, end_color, end_meaning, number, percent

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from terminus_env.named import Named
-from terminus_env.rollout.harbor_job import CONFIG, RESULT
-from terminus_env.rollout.harbor_records import rollout_result, task_error_result, trial_name
+from terminus_env.records.harbor_job import CONFIG, RESULT
+from terminus_env.records.harbor_records import rollout_result, task_error_result, trial_name
+from terminus_env.utils.named import Named
 from terminus_env.viewer.source import (
     Trial,
     ViewError,

@@ -2,8 +2,8 @@
 the format errors, the trials flagged for tampering and the masked ones.
 
 Pure: a :class:`Job`'s results in, a :class:`JobSummary` out. The statistics are the eval's own
-(:func:`terminus_env.rollout.stats.report`, :func:`terminus_env.metrics.aggregate`) over the same trials, so the page
-shows the numbers ``terminus-env eval`` prints; :meth:`JobSummary.as_dict` is the JSON written beside the page.
+(:func:`terminus_env.records.stats.report`, :func:`terminus_env.records.metrics.aggregate`) over the same trials, so
+the page shows the numbers ``terminus-env eval`` prints; :meth:`JobSummary.as_dict` is the JSON written beside the page.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from terminus_env.metrics import BatchMetrics, aggregate
-from terminus_env.rollout import stats
-from terminus_env.rollout.timeline import epoch
+from terminus_env.records import stats
+from terminus_env.records.metrics import BatchMetrics, aggregate
+from terminus_env.records.timeline import epoch
 from terminus_env.viewer.job_source import Job, TrialResult, task_of
 
 NO_RESULT = "no result.json yet: the trial is still running, or was cut short"

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from terminus_env.protocol import parse_reply
-from terminus_env.rollout.atif import COMPLETE_TOOL, keystroke_calls
-from terminus_env.rollout.timeline import epoch
+from terminus_env.records.atif import COMPLETE_TOOL, keystroke_calls
+from terminus_env.records.timeline import epoch
 from terminus_env.viewer.source import Trial
 
 _STYLE = """

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from terminus_env.errors import TerminusError
-from terminus_env.rollout.atif import agent_spec, atif_trajectory
-from terminus_env.rollout.harbor_job import CONFIG, RESULT, TRAJECTORY, VERIFIER, VERIFIER_FILES
-from terminus_env.rollout.harbor_records import JobInfo, rollout_result, trial_name
-from terminus_env.rollout.run_log import RolloutRecord, RunContents, RunFileError, read_run
+from terminus_env.records.atif import agent_spec, atif_trajectory
+from terminus_env.records.harbor_job import CONFIG, RESULT, TRAJECTORY, VERIFIER, VERIFIER_FILES
+from terminus_env.records.harbor_records import JobInfo, rollout_result, trial_name
+from terminus_env.records.run_log import RolloutRecord, RunContents, RunFileError, read_run
 
 
 class ViewError(TerminusError):

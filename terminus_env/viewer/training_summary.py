@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from terminus_env.step_log import StepRecord
+from terminus_env.records.step_log import StepRecord
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from terminus_env import tiny_model
+from terminus_env.cli import tiny_model
 from terminus_env.protocol import prompts
 from terminus_env.rollout.policy import OracleReplies, oracle_reply
 from terminus_env.serving.sim.engine import SimConfig

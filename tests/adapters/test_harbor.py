@@ -25,7 +25,7 @@ from harbor.viewer.server import create_app
 from task_support import BROKEN, TASK, TRIALS, eval_args, small_suite
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.run_log import read_run
 from terminus_env.sandbox.images import prune_task_images
 
 pytestmark = pytest.mark.usefixtures("docker_required")

@@ -15,7 +15,7 @@ import harbor_side_by_side as bench
 import pytest
 from harbor.utils.trajectory_validator import TrajectoryValidator
 
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.run_log import read_run
 
 # Harbor takes 30-60 s a trial here (Compose's start and stop), 8 trials: 5 min on a quiet machine, 11 on a busy one.
 pytestmark = [pytest.mark.usefixtures("docker_required"), pytest.mark.timeout(1800)]

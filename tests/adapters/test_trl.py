@@ -15,10 +15,10 @@ from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from terminus_env.bridge import shared_loop
 from terminus_env.integrations.trl import REWARD_FIELD, env_reward, make_rollout_func
+from terminus_env.records.step_log import read_step_log
 from terminus_env.rollout.policy import oracle_reply
-from terminus_env.step_log import read_step_log
+from terminus_env.utils.bridge import shared_loop
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 

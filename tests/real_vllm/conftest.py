@@ -12,7 +12,7 @@ import importlib.metadata
 
 import pytest
 
-from terminus_env.tiny_model import save_tiny_model
+from terminus_env.cli.tiny_model import save_tiny_model
 
 
 def _vllm_installed() -> bool:

@@ -11,7 +11,7 @@ import pytest
 from vllm_support import EVAL_AGENT_TIMEOUT_S, MODEL_NAME, SMALL_CONTEXT, TEST_TIMEOUT_S, eval_suite
 
 from terminus_env.cli import main as cli_main
-from terminus_env.rollout.run_log import read_run
+from terminus_env.records.run_log import read_run
 from terminus_env.sandbox.images import prune_task_images
 
 # A fleet's start and a restarted replica's return may come before a test's own work (vllm_support).

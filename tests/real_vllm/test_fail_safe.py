@@ -33,8 +33,8 @@ from vllm_support import (
     perturbed,
 )
 
+from terminus_env.records.run_log import read_run
 from terminus_env.rollout import RolloutRunner, ServingPolicy
-from terminus_env.rollout.run_log import read_run
 from terminus_env.rules import EndReason
 from terminus_env.sandbox.images import prune_task_images
 from terminus_env.serving import ReplicaClient, ServingError, ServingPool

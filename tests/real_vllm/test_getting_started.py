@@ -26,9 +26,9 @@ from transformers import AutoModelForCausalLM
 from vllm_support import START_TIMEOUT_S, expected_logprobs
 
 from terminus_env.cli import main as cli_main
+from terminus_env.records.step_log import read_step_log
 from terminus_env.serving import ReplicaClient
 from terminus_env.serving.serve_process import free_ports
-from terminus_env.step_log import read_step_log
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "getting-started.md"

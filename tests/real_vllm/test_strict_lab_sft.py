@@ -11,9 +11,9 @@ from strict_lab import sft
 from strict_lab.demos import Demo, broken_opening, confirm_reply, solution_reply
 from strict_lab.probe import broken_opening_probability
 
+from terminus_env.cli.tiny_model import TinyModelConfig, chatml_tokenizer, random_qwen2
 from terminus_env.protocol import prompts
 from terminus_env.tasks import find_task
-from terminus_env.tiny_model import TinyModelConfig, chatml_tokenizer, random_qwen2
 
 
 def _demo() -> Demo:

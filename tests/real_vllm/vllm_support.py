@@ -1,6 +1,6 @@
 """Real vLLM replicas on the CPU for the tests: ``terminus-env serve`` as a process, stopped whatever a test did.
 
-Each replica serves the tiny random Qwen2 of :mod:`terminus_env.tiny_model`, cut to one layer (``MODEL``: it decodes
+Each replica serves the tiny random Qwen2 of :mod:`terminus_env.cli.tiny_model`, cut to one layer (``MODEL``: it decodes
 half again as fast as the default two, and the tests need no more), in float32 and eager mode (vLLM's CPU compilation
 costs half a minute per start and nothing a tiny model needs).
 
@@ -18,9 +18,9 @@ import httpx
 import torch
 from task_support import write_task
 
+from terminus_env.cli.tiny_model import TinyModelConfig
 from terminus_env.serving import ReplicaClient
 from terminus_env.serving.serve_process import ServeProcess, free_ports
-from terminus_env.tiny_model import TinyModelConfig
 
 MODEL = TinyModelConfig(num_hidden_layers=1)
 MODEL_NAME = "tiny"

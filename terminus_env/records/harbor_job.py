@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from terminus_env.errors import TerminusError
-from terminus_env.rollout import stats
-from terminus_env.rollout.atif import AgentSpec, atif_trajectory, subagent_trajectories
-from terminus_env.rollout.cast import asciinema_cast
-from terminus_env.rollout.harbor_records import (
+from terminus_env.records import stats
+from terminus_env.records.atif import AgentSpec, atif_trajectory, subagent_trajectories
+from terminus_env.records.cast import asciinema_cast
+from terminus_env.records.harbor_records import (
     JobInfo,
     job_config,
     job_result,
@@ -38,8 +38,8 @@ from terminus_env.rollout.harbor_records import (
     trial_log,
     trial_name,
 )
-from terminus_env.rollout.run_log import RolloutRecord, RunContents
-from terminus_env.rollout.timeline import epoch
+from terminus_env.records.run_log import RolloutRecord, RunContents
+from terminus_env.records.timeline import epoch
 from terminus_env.sandbox.images import context_hash
 
 TRAJECTORY = Path("agent") / "trajectory.json"

@@ -1,7 +1,9 @@
 """The ``terminus-env`` command line: a thin argparse layer over the package's modules.
 
 Each sub-command imports its module only when it runs, so ``terminus-env --help``
-stays fast and a missing optional extra only breaks the command that needs it.
+stays fast and a missing optional extra only breaks the command that needs it. The commands built here on the
+floors below live beside it: ``check`` (``tasks check`` and ``tasks list``), ``image_prune`` (``images prune``),
+``evaluate`` (``eval``) and ``tiny_model`` (``python -m terminus_env.cli.tiny_model``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def _cmd_images_base(args: argparse.Namespace) -> int:
 
 
 def _cmd_images_prune(args: argparse.Namespace) -> int:
-    from terminus_env.tasks.image_prune import prune_images
+    from terminus_env.cli.image_prune import prune_images
 
     return prune_images(args.folders, dry_run=args.dry_run)
 
@@ -37,7 +39,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 
 def _cmd_tasks_check(args: argparse.Namespace) -> int:
-    from terminus_env.tasks.check import run_check
+    from terminus_env.cli.check import run_check
 
     return run_check(args.folder, jobs=args.jobs, names=args.name or None, audit=args.audit)
 
@@ -49,7 +51,7 @@ def _cmd_tasks_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_tasks_list(args: argparse.Namespace) -> int:
-    from terminus_env.tasks.check import print_task_table
+    from terminus_env.cli.check import print_task_table
 
     print_task_table(args.folder)
     return 0
@@ -62,7 +64,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from terminus_env.rollout.evaluate import main as eval_main
+    from terminus_env.cli.evaluate import main as eval_main
 
     return eval_main(args)
 
@@ -227,6 +229,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"terminus-env: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TextIO
 
-from terminus_env.metrics import aggregate
-from terminus_env.rollout import stats
-from terminus_env.rollout.run_log import RunContents, TaskStage
+from terminus_env.records import stats
+from terminus_env.records.metrics import aggregate
+from terminus_env.records.run_log import RunContents, TaskStage
 
 STAGE_FAILED = {TaskStage.LOAD: "could not load", TaskStage.IMAGE: "could not build its image"}
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from terminus_env.rollout import stats
-from terminus_env.rollout.atif import AgentSpec, token_total
-from terminus_env.rollout.run_log import RolloutRecord, TaskErrorRecord
-from terminus_env.rollout.timeline import instant, iso
+from terminus_env.records import stats
+from terminus_env.records.atif import AgentSpec, token_total
+from terminus_env.records.run_log import RolloutRecord, TaskErrorRecord
+from terminus_env.records.timeline import instant, iso
 
 SCHEMA_VERSION = 1
 REWARD_KEY = "reward"

@@ -24,8 +24,8 @@ from typing import Any
 
 from terminus_env import __version__
 from terminus_env.protocol import parse_reply, salvage_truncated
-from terminus_env.rollout.run_log import RolloutRecord, RunConfig
-from terminus_env.rollout.timeline import iso_at
+from terminus_env.records.run_log import RolloutRecord, RunConfig
+from terminus_env.records.timeline import iso_at
 
 SCHEMA_VERSION = "ATIF-v1.7"
 AGENT_NAME = "terminus-env"

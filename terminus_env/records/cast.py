@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from terminus_env.rollout.timeline import instant
+from terminus_env.records.timeline import instant
 from terminus_env.sandbox.terminal import HEIGHT, WIDTH
 
 _CLEAR_SCREEN = "\x1b[H\x1b[2J"

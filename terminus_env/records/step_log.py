@@ -2,8 +2,8 @@
 
 Trainers send their own metrics to their own dashboards (TRL's ``env/...``, SkyRL's ``terminus/...``) and keep no
 trace of how the episodes of each step ended. :class:`StepLog` appends one line per batch: the batch metrics of
-:func:`terminus_env.metrics.aggregate` (mean reward, end reasons, format errors, turns, tampering), the tokens, and
-the rollouts a trainer masks (:func:`terminus_env.training.mask_reasons`, the one mapping from endings to masks).
+:func:`terminus_env.records.metrics.aggregate` (mean reward, end reasons, format errors, turns, tampering), the tokens,
+and the rollouts a trainer masks (:func:`terminus_env.training.mask_reasons`, the one mapping from endings to masks).
 Each line is written whole and flushed, so a run that crashes keeps every step before the crash::
 
     log = StepLog("run/steps.jsonl")
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from terminus_env.errors import TerminusError
-from terminus_env.metrics import aggregate
+from terminus_env.records.metrics import aggregate
 from terminus_env.rollout.trajectory import Trajectory
 from terminus_env.rules import EndReason
 from terminus_env.training import DEFAULT_MASKING, MaskingPolicy, mask_reasons
