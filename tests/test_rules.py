@@ -10,15 +10,31 @@ from terminus_env.protocol import Strictness
 from terminus_env.rules import (
     Counters,
     EndReason,
+    Failure,
     Fault,
     Reply,
     TamperPolicy,
     TurnLimits,
     as_reply,
     end_reason_table,
+    ending_after,
+    failure_shown,
     judge_after_commands,
     judge_reply,
+    lost_by_agent,
     tamper_ending,
+)
+from terminus_env.sandbox.errors import (
+    AgentCaused,
+    BrokenByAgent,
+    DiskLimitExceeded,
+    DockerUnavailable,
+    ImageBuildError,
+    ResourcesExhausted,
+    SandboxError,
+    SandboxLost,
+    TerminalGone,
+    error_kinds,
 )
 
 STRICT = TurnLimits(Strictness(True, True))
@@ -185,3 +201,56 @@ def test_actions_other_than_text_or_reply_are_refused(action) -> None:
 def test_a_reply_is_checked_when_made(fields) -> None:
     with pytest.raises(TypeError):
         Reply(**fields)
+
+
+# ----- whose fault a sandbox failure was ---------------------------------------------------------------------------
+
+SHOWS = {
+    SandboxError: Failure.INFRASTRUCTURE, DockerUnavailable: Failure.INFRASTRUCTURE,
+    ImageBuildError: Failure.INFRASTRUCTURE, SandboxLost: Failure.INFRASTRUCTURE, AgentCaused: Failure.AGENT_BROKE,
+    BrokenByAgent: Failure.AGENT_BROKE, TerminalGone: Failure.TERMINAL_LOST, ResourcesExhausted: Failure.AGENT_LIMIT,
+    DiskLimitExceeded: Failure.AGENT_LIMIT,
+}  # fmt: skip
+
+
+def test_every_sandbox_error_says_what_it_shows_and_only_the_agents_are_the_agents() -> None:
+    for cls in error_kinds().values():  # those defined elsewhere too (images.py has one)
+        shows = next(SHOWS[base] for base in cls.__mro__ if base in SHOWS)
+        assert cls.shows is shows, cls
+        assert (shows is not Failure.INFRASTRUCTURE) == issubclass(cls, AgentCaused), cls
+
+
+@pytest.mark.parametrize("limit_broken, lost, shows, expected", [
+    (False, False, Failure.INFRASTRUCTURE, Failure.INFRASTRUCTURE),
+    (False, False, Failure.TERMINAL_LOST, Failure.TERMINAL_LOST),
+    (True, False, Failure.INFRASTRUCTURE, Failure.AGENT_LIMIT),  # the disk watch fired: the lost call is its doing
+    (False, True, Failure.INFRASTRUCTURE, Failure.AGENT_LIMIT),  # the daemon died under the agent's memory
+    (True, True, Failure.TERMINAL_LOST, Failure.AGENT_LIMIT),
+])  # fmt: skip
+def test_a_broken_limit_or_a_starved_daemon_outranks_the_error_that_surfaced(limit_broken, lost, shows, expected):
+    assert failure_shown(shows, limit_broken=limit_broken, daemon_lost_to_agent=lost) is expected
+
+
+@pytest.mark.parametrize("running, oom, stderr, agents", [
+    (True, False, "", True),  # the daemon died while its container runs: only memory pressure can do that
+    (False, True, "", True),  # Docker says the OOM killer ended the container
+    (False, False, "", False),  # stopped from outside: Docker, the host, its lifetime
+    (True, True, "Traceback (most recent call last):", False),  # our bug, whatever else is true
+])  # fmt: skip
+def test_a_lost_daemon_is_the_agents_only_under_its_memory_and_never_after_our_traceback(running, oom, stderr, agents):
+    assert lost_by_agent(running, oom, stderr) is agents
+
+
+def test_only_what_the_host_shows_was_the_infrastructures_is_masked() -> None:
+    for reason in EndReason:
+        for grading in (False, True):
+            ending = ending_after(Failure.INFRASTRUCTURE, grading=grading, reason=reason)
+            # An ending that was already the agent's stays the agent's whatever fails while grading it.
+            agents = grading and reason.fault is Fault.AGENT
+            assert ending is (reason if agents else EndReason.ENV_ERROR), (reason, grading)
+    assert ending_after(Failure.AGENT_LIMIT, grading=True) is EndReason.RESOURCE_LIMIT
+    assert ending_after(Failure.AGENT_BROKE, grading=True) is EndReason.VERIFIER_BROKEN
+    assert ending_after(Failure.AGENT_BROKE, grading=False) is EndReason.SHELL_LOST
+    assert ending_after(Failure.TERMINAL_LOST, grading=True) is EndReason.SHELL_LOST
+    assert not any(ending_after(f, grading=g).masked for f in Failure if f is not Failure.INFRASTRUCTURE
+                   for g in (False, True))  # fmt: skip
