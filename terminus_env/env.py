@@ -69,8 +69,9 @@ class EpisodeSummary:
     warnings: int
     truncated_turns: int
     graded: bool
-    env_error: bool
-    """The infrastructure failed: mask this episode (``end_reason.masked``)."""
+    masked: bool
+    """A trainer drops this episode: the infrastructure failed, so its reward says nothing of the model
+    (``end_reason.masked``)."""
     rescued: bool
     grade_reason: str | None = None
     error: str | None = None
@@ -84,6 +85,11 @@ class EpisodeSummary:
     summarizations: int = 0
     """How many times the conversation was summarized and replaced (:meth:`TerminusEnv.compact`, lenient eval only):
     when above 0, the turns' prompts do not extend one another."""
+
+    @property
+    def env_error(self) -> bool:
+        """The former name of :attr:`masked`, kept for one release."""
+        return self.masked
 
 
 @dataclass
@@ -413,7 +419,7 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
             warnings=counters.warnings,
             truncated_turns=counters.truncated_turns,
             graded=graded,
-            env_error=reason.masked,
+            masked=reason.masked,
             rescued=counters.format_errors > 0 and reward > 0,
             grade_reason=grade_reason,
             error=error,
@@ -453,9 +459,9 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
         }
         if episode.summary is not None:
             info["end_reason"] = episode.summary.end_reason
-            info["masked"] = episode.summary.env_error
-            info["env_error"] = episode.summary.env_error  # the former name of ``masked``, kept for one release
-            info["episode"] = asdict(episode.summary)
+            info["masked"] = episode.summary.masked
+            info["env_error"] = episode.summary.masked  # the former name of ``masked``, kept for one release
+            info["episode"] = {**asdict(episode.summary), "env_error": episode.summary.masked}  # the same
             info["verifier"] = episode.verifier
         return obs, float(outcome.reward), outcome.terminated, outcome.truncated, info
 

@@ -65,7 +65,7 @@ def cheat(task, *steps: str, mode: str = "train", wait: float = 15.0):
 def assert_caught(reward, info, *kinds: str):
     """Train mode: the episode ends `tampered`, reward 0, the agent's fault, never masked, naming the paths."""
     episode = info["episode"]
-    assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TAMPERED, False), episode
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TAMPERED, False), episode
     assert episode["fault"] == Fault.AGENT and episode["tampering"], episode
     assert {finding["kind"] for finding in episode["tampering"]} & set(kinds), episode["tampering"]
 

@@ -213,7 +213,7 @@ def assert_forgery_caught(reward, info, path_part: str | None = None):
     """Train mode: a forgery ends `tampered`, reward 0, the agent's fault, never masked, with a finding (naming a
     path that holds ``path_part``, where given)."""
     episode = info["episode"]
-    assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TAMPERED, False), episode
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TAMPERED, False), episode
     findings = episode["tampering"]
     assert episode["fault"] == Fault.AGENT and findings, episode
     if path_part is not None:
@@ -223,5 +223,5 @@ def assert_forgery_caught(reward, info, path_part: str | None = None):
 def assert_not_masked(reward, info):
     """An honest failure stays one: reward 0, and the episode is neither masked nor blamed on nobody."""
     episode = info["episode"]
-    assert (reward, info["env_error"]) == (0.0, False), episode
+    assert (reward, info["masked"]) == (0.0, False), episode
     assert info["end_reason"] != EndReason.ENV_ERROR, episode

@@ -75,7 +75,7 @@ def test_forged_control_channel_replies_earn_nothing(task):
         env.step(reply("sleep 1\n"))
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
     assert terminated and info["end_reason"] == EndReason.TASK_COMPLETE
-    assert reward == 0.0 and info["env_error"] is False, info["episode"]
+    assert reward == 0.0 and info["masked"] is False, info["episode"]
 
 
 def test_a_reward_renaming_loop_left_running_earns_nothing(tiny_task_dir):
@@ -122,7 +122,7 @@ def test_the_verifiers_folders_cannot_be_detached_from_the_agents_side(task, det
                                   "/tests/test.sh 2>/dev/null; done")
     obs, reward, info = cheat(task, f"{detach}; echo detach=$?\n", background(loop), "sleep 1\n")
     assert "Device or resource busy" in obs or "Read-only file system" in obs or "detach=1" in obs
-    assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TASK_COMPLETE, False), info["episode"]
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TASK_COMPLETE, False), info["episode"]
     assert info["episode"]["graded"]
 
 
@@ -141,7 +141,7 @@ def test_a_reward_that_is_no_file_neither_hangs_nor_pays(task, plant):
     keys = f"rmdir /logs/verifier; mkdir -p /logs/verifier; {plant} /logs/verifier/reward.txt; echo planted=$?\n"
     obs, reward, info = cheat(task, keys)
     assert "Device or resource busy" in obs and "planted=0" in obs
-    assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TASK_COMPLETE, False), info["episode"]
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TASK_COMPLETE, False), info["episode"]
 
 
 # --- the verifier's runtime: each of these earned 1.0 before the watch -------------------------------------------
@@ -219,7 +219,7 @@ def test_a_pytest_plugin_the_agent_registered_is_not_the_verifiers(pytest_task, 
     for mode in ("train", "eval"):
         _, reward, info = cheat(pytest_task, PLUGIN_REGISTRATIONS[registration], mode=mode)
         episode = info["episode"]
-        assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.TASK_COMPLETE, False), episode
+        assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TASK_COMPLETE, False), episode
         assert "1 failed" in info["verifier"]["test-stdout.txt"], info["verifier"]  # the tests ran, without it
 
 
@@ -239,7 +239,7 @@ def test_what_comes_and_goes_never_pays(pytest_task, flicker):
     either pytest missed it and the real tests failed, or it was caught. Neither pays."""
     loop = f"while true; do {FLICKERS[flicker]}; done"
     _, reward, info = cheat(pytest_task, background(loop), "sleep 0.5\n")
-    assert reward == 0.0 and info["env_error"] is False, info["episode"]
+    assert reward == 0.0 and info["masked"] is False, info["episode"]
     assert info["end_reason"] in (EndReason.TAMPERED, EndReason.TASK_COMPLETE), info["episode"]
     if info["end_reason"] == EndReason.TASK_COMPLETE:
         assert info["episode"]["failure"], "pytest missed the file: the real test ran and failed"
@@ -326,7 +326,7 @@ def test_eval_reports_tampering_beside_the_score(pytest_task):
 
 def test_removing_bash_leaves_the_verifier_broken_by_the_agent(task):
     _, reward, info = cheat(task, "rm /usr/bin/bash; echo removed\n")
-    assert (reward, info["end_reason"], info["env_error"]) == (0.0, EndReason.VERIFIER_BROKEN, False), info["episode"]
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.VERIFIER_BROKEN, False), info["episode"]
     assert info["episode"]["fault"] == Fault.AGENT
 
 
@@ -342,7 +342,7 @@ def test_detaching_the_daemons_tmux_client_is_the_agents_broken_terminal(task):
         env.step(reply(WRITE))
         detach = "mv /usr/bin/tmux /usr/bin/tmux.x; /usr/bin/tmux.x -L terminus detach-client -s main\n"
         _, reward, terminated, _, info = play(env, [reply(detach), reply("ls\n"), reply("ls\n")])
-    assert terminated and (info["end_reason"], info["env_error"]) == (EndReason.SHELL_LOST, False), info["episode"]
+    assert terminated and (info["end_reason"], info["masked"]) == (EndReason.SHELL_LOST, False), info["episode"]
     assert info["episode"]["graded"] and reward == 1.0, "the task was solved before the terminal was broken"
 
 
@@ -403,7 +403,7 @@ def test_filling_the_disk_past_storage_mb_ends_the_episode_as_the_agents_failure
         _, reward, terminated, _, info = env.step(reply(fill, duration=30))
         took = time.monotonic() - began
     assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT
-    assert reward == 0.0 and info["env_error"] is False and info["episode"]["fault"] == Fault.AGENT
+    assert reward == 0.0 and info["masked"] is False and info["episode"]["fault"] == Fault.AGENT
     assert "64 MB" in (info["episode"]["error"] or "")
     assert took < 15, f"the watchdog should end the episode within seconds, took {took:.1f} s"
 
@@ -425,7 +425,7 @@ def test_breaking_the_terminal_is_the_agents_failure_graded_as_it_stands(task, b
         env.step(reply(WRITE))
         _, reward, terminated, truncated, info = play(env, [reply(breaking), reply("ls\n"), reply("ls\n")])
     assert terminated and not truncated and info["end_reason"] == EndReason.SHELL_LOST
-    assert info["env_error"] is False and info["episode"]["fault"] == Fault.AGENT
+    assert info["masked"] is False and info["episode"]["fault"] == Fault.AGENT
     assert info["episode"]["graded"] and reward == 1.0, "the task was solved before the shell was broken"
 
 
@@ -445,7 +445,7 @@ def test_a_fork_bomb_under_timeout_never_masks_the_episode(task):
             obs, *_ = env.step(reply("sleep 1\n", duration=3))
         assert "fork" in obs, "the bomb must have exhausted the pids"
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
-    assert terminated and info["env_error"] is False, info["episode"]
+    assert terminated and info["masked"] is False, info["episode"]
     assert (info["end_reason"], reward, info["episode"]["fault"]) in {
         (EndReason.TASK_COMPLETE, 1.0, Fault.NONE),
         (EndReason.RESOURCE_LIMIT, 0.0, Fault.AGENT),
@@ -461,7 +461,7 @@ def test_holding_every_pid_at_grading_is_the_agents_failure(task):
         obs, *_ = env.step(reply(hog, duration=30))
         assert "hog-done" in obs
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
-    assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT and info["env_error"] is False
+    assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT and info["masked"] is False
     assert reward == 0.0 and info["episode"]["fault"] == Fault.AGENT
     assert "the verifier was starved" in info["episode"]["error"]
 

@@ -70,6 +70,8 @@ def test_lenient_recovers_from_a_broken_first_turn_and_counts_it_rescued(task):
         assert info["end_reason"] == "task_complete"
         episode = info["episode"]
         assert episode["rescued"] is True and episode["graded"] is True
+        # What a trainer masks, under its name and, for one release, its former one.
+        assert info["masked"] is info["env_error"] is episode["masked"] is episode["env_error"] is False
         assert episode["format_errors"] == 1 and episode["format_error_opening_streak"] == 1
 
 

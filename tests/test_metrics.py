@@ -8,7 +8,7 @@ from terminus_env.env import EpisodeSummary
 from terminus_env.records.metrics import aggregate
 
 
-def summary(reward=0.0, end="task_complete", format_errors=0, streak=0, truncated=0, turns=3, env_error=False):
+def summary(reward=0.0, end="task_complete", format_errors=0, streak=0, truncated=0, turns=3, masked=False):
     return EpisodeSummary(
         task="t",
         reward=reward,
@@ -18,8 +18,8 @@ def summary(reward=0.0, end="task_complete", format_errors=0, streak=0, truncate
         format_error_opening_streak=streak,
         warnings=0,
         truncated_turns=truncated,
-        graded=not env_error,
-        env_error=env_error,
+        graded=not masked,
+        masked=masked,
         rescued=format_errors > 0 and reward > 0,
     )
 
@@ -30,7 +30,7 @@ def test_aggregate_reports_the_seed_figures():
         summary(reward=1.0, turns=2),
         summary(reward=0.0, end="format_error", format_errors=2, streak=2, turns=2),
         summary(reward=0.0, end="max_turns", truncated=3, turns=10),
-        summary(end="env_error", env_error=True, format_errors=5),  # masked from the means
+        summary(end="env_error", masked=True, format_errors=5),  # masked from the means
     ]
     m = aggregate(episodes)
     assert m.episodes == 5 and m.env_errors == 1

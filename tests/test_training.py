@@ -73,7 +73,7 @@ def summary(reward: float = 1.0, end_reason: str = "task_complete", turns: int =
         warnings=0,
         truncated_turns=0,
         graded=end_reason in ("task_complete", "agent_timeout", "max_turns"),
-        env_error=end_reason == "env_error",
+        masked=end_reason == "env_error",
         rescued=False,
     )
     fields.update(kw)

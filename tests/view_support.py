@@ -148,7 +148,7 @@ def synthetic_trajectory(
     summary = EpisodeSummary(
         task=task, reward=reward, end_reason=ending, turns=len(trajectory.turns), format_errors=format_errors,
         format_error_opening_streak=format_errors, warnings=0, truncated_turns=int(ending is EndReason.TURN_TRUNCATED),
-        graded=graded, env_error=False, rescued=format_errors > 0 and reward > 0, grade_reason=None, error=None,
+        graded=graded, masked=False, rescued=format_errors > 0 and reward > 0, grade_reason=None, error=None,
         fault=ending.fault, failure=None if solved else failure,
         tampering=tampering,
     )  # fmt: skip

@@ -74,7 +74,7 @@ def rollout_row(step: int, index: int, group_size: int, trajectory: Any) -> dict
         "index": index,
         "group": index // group_size,
         "task": trajectory.task,
-        "env_error": trajectory.env_error,
+        "env_error": trajectory.masked,
         "reward": trajectory.reward,
         "end_reason": str(summary.end_reason) if summary else None,
         "turns": summary.turns if summary else 0,

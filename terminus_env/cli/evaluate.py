@@ -396,7 +396,7 @@ def rollout_record(task: Task, trial: int, trajectory: Trajectory) -> RolloutRec
         trial=trial,
         reward=trajectory.reward,
         end_reason=summary.end_reason if summary else "env_error",
-        env_error=trajectory.env_error,
+        env_error=trajectory.masked,
         category=task.category,
         detail=detail,
         wall_s=round(trajectory.wall_s, 3),

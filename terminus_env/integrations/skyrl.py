@@ -193,7 +193,7 @@ class TerminusTextEnv(BaseTextEnv):
             done=done,
             metadata={
                 "end_reason": info.get("end_reason"),
-                "env_error": info.get("env_error", False),
+                "env_error": info.get("masked", False),  # what this adapter's group masking reads
                 "format_error": info["format_error"],
             },
         )
@@ -206,7 +206,7 @@ class TerminusTextEnv(BaseTextEnv):
         return {
             "format_errors": episode.get("format_errors", 0),
             "opening_streak": episode.get("format_error_opening_streak", 0),
-            "env_error": float(episode.get("env_error", False)),
+            "env_error": float(episode.get("masked", False)),
         }
 
 

@@ -87,7 +87,7 @@ class TerminusVfEnv(vf.Env[TerminusVfEnvConfig]):
                 trace.record_reward("terminus", 0.0)
                 trace.record_metric("terminus/ended_by_verifiers", 1.0)
                 return
-            if summary.env_error:  # masked: the infrastructure failed, or the grade can be neither trusted nor blamed
+            if summary.masked:  # the infrastructure failed: the reward says nothing of the model
                 why = summary.error or f"{summary.end_reason}: {summary.tampering}"
                 raise vf.EnvError(f"the episode is not to be learnt from ({summary.end_reason}): {why}")
             trace.record_reward("terminus", summary.reward)

@@ -49,13 +49,13 @@ class BatchMetrics:
 def aggregate(episodes: Iterable[Any], drift: DriftCounts | None = None) -> BatchMetrics:
     """Summarise episode summaries: ``info["episode"]`` dicts, ``EpisodeSummary`` objects or trajectories.
 
-    Episodes flagged ``env_error`` count in ``env_errors`` and ``end_reasons`` but not in the means,
+    Episodes flagged ``masked`` count in ``env_errors`` and ``end_reasons`` but not in the means,
     since trainers mask them. ``drift`` (from ``terminus_env.training.drift_counts``) adds the token
     drift the training-data builder met in the same batch.
     """
     drift = drift or DriftCounts()
     rows = [_as_mapping(e) for e in episodes]
-    scored = [r for r in rows if not r.get("env_error", False)]
+    scored = [r for r in rows if not r.get("masked", r.get("env_error", False))]
     n = len(scored)
     rescued = sum(1 for r in scored if r["format_errors"] > 0 and r["reward"] > 0)
     truncated = sum(int(r["truncated_turns"]) for r in scored)

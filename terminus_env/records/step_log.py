@@ -82,7 +82,7 @@ def step_record(
     eval records it."""
     episodes = [t.summary if t.summary is not None else _NEVER_RAN for t in trajectories]
     metrics = aggregate(episodes)
-    scored = [t for t in trajectories if not t.env_error]
+    scored = [t for t in trajectories if not t.masked]
     reasons = [reason for reason in mask_reasons(trajectories, masking) if reason is not None]
     return StepRecord(
         step=step,

@@ -117,8 +117,14 @@ class Trajectory:
         return any(c.outcome != "failed" for c in self.compactions)
 
     @property
+    def masked(self) -> bool:
+        """A trainer drops this rollout: the infrastructure failed it, or it never ran (no episode summary)."""
+        return self.summary.masked if self.summary else True
+
+    @property
     def env_error(self) -> bool:
-        return self.summary.env_error if self.summary else True
+        """The former name of :attr:`masked`, kept for one release."""
+        return self.masked
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
