@@ -34,7 +34,7 @@ demo: base-image
 
 # The validity check: the oracle earns 1 and doing nothing earns 0, on every shipped task.
 check: base-image
-	$(CLI) tasks check tasks/ --jobs $(JOBS)
+	$(CLI) tasks check tasks/ --concurrency $(JOBS)
 
 # The headless browser the page tests of `terminus-env view` open (Debian's chromium).
 browser:

@@ -115,7 +115,7 @@ def suite(tmp_path_factory):
 def audited(suite, tmp_path_factory):
     """``terminus-env tasks audit`` on the two tasks, three exploits beside the control: (exit code, report file)."""
     path = tmp_path_factory.mktemp("audit-report") / "report.json"
-    argv = ["tasks", "audit", str(suite), "--jobs", "4", "--output", str(path)]
+    argv = ["tasks", "audit", str(suite), "--concurrency", "4", "--report", str(path)]
     code = main([*argv, *[arg for name in EXPLOITS for arg in ("--exploit", name)]])
     return code, path
 
@@ -171,7 +171,7 @@ def test_one_episode_gives_both_modes_verdicts(suite, name):
 
 def test_tasks_check_shows_the_report(suite, audited, capsys):
     _, path = audited
-    assert main(["tasks", "check", str(suite), "--jobs", "2", "--audit", str(path)]) == 0
+    assert main(["tasks", "check", str(suite), "-j", "2", "--audit", str(path)]) == 0
     table = capsys.readouterr().out.split("\n\n")[-2]
     assert "audit" in table.splitlines()[0]
     rows = {line.split()[0]: line for line in table.splitlines()[2:]}

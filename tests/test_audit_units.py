@@ -415,5 +415,5 @@ def test_bad_arguments_are_refused_before_anything_plays(tmp_path, capsys):
     assert "is a folder" in capsys.readouterr().err
     assert run_audit(tmp_path / "suite", exploits=["nope"]) == 2
     assert "no exploit named 'nope'" in capsys.readouterr().err
-    assert run_audit(tmp_path / "suite", jobs=0) == 2
+    assert run_audit(tmp_path / "suite", concurrency=0) == 2
     assert run_audit(tmp_path / "missing") == 2

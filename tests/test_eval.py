@@ -43,7 +43,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def eval_command(suite: Path, output: Path, *extra: str) -> list[str]:
     return ["eval", str(suite), "--flaky-oracle", SEED, "--trials", str(TRIALS), "--concurrency", "2",
-            "--output", str(output), *extra]  # fmt: skip
+            "--run-file", str(output), *extra]  # fmt: skip
 
 
 def table(path: Path) -> str:
@@ -147,7 +147,7 @@ def test_resume_refuses_other_options_and_keeps_the_file(suite: Path, uninterrup
                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     output = uninterrupted[0]
     before = output.read_bytes()
-    code = cli_main(["eval", str(suite), "--flaky-oracle", SEED, "--trials", "3", "--output", str(output), "--resume"])
+    code = cli_main(["eval", str(suite), "--flaky-oracle", SEED, "--trials", "3", "--run-file", str(output), "--resume"])
     assert code == 2 and "trials: 2 in the file, 3 now" in capsys.readouterr().err
     assert cli_main(eval_command(suite, output)) == 2  # a new run never overwrites a run file
     assert "--resume" in capsys.readouterr().err
@@ -174,7 +174,7 @@ def test_the_run_file_takes_one_writer(suite: Path, tmp_path: Path, capsys: pyte
 def test_sampling_is_sent_as_asked_and_recorded(suite: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     output = tmp_path / "sampled.jsonl"
-    args = ["eval", str(suite), "--name", GOOD[0], "--sim", "1", "--output", str(output), "--jobs-dir",
+    args = ["eval", str(suite), "--name", GOOD[0], "--sim", "1", "--run-file", str(output), "--jobs-dir",
             str(tmp_path / "jobs"), "--temperature", "0.25", "--sampling", "top_k=5", "--sampling",
             "seed=3"]  # fmt: skip
     assert cli_main(args) == 0
@@ -189,10 +189,10 @@ def test_sampling_is_sent_as_asked_and_recorded(suite: Path, tmp_path: Path,
         assert turn["sampling"] == {"max_tokens": 16384, "temperature": 0.25, "top_k": 5, "seed": seed}
     kwargs = json.loads((tmp_path / "jobs" / "sampled" / "config.json").read_text())["agents"][0]["kwargs"]
     assert kwargs["sampling"] == config.sampling and kwargs["enable_summarize"] is True
-    assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "x.jsonl"), "--sampling",
+    assert cli_main(["eval", str(suite), "--sim", "1", "--run-file", str(tmp_path / "x.jsonl"), "--sampling",
                      "max_tokens=5"]) == 2  # fmt: skip
     assert "cannot set max_tokens" in capsys.readouterr().err
-    assert cli_main(["eval", str(suite), "--sim", "1", "--output", str(tmp_path / "y.jsonl"), "--sampling",
+    assert cli_main(["eval", str(suite), "--sim", "1", "--run-file", str(tmp_path / "y.jsonl"), "--sampling",
                      "top_k"]) == 2  # fmt: skip
     assert "KEY=VALUE" in capsys.readouterr().err
 
@@ -205,7 +205,7 @@ def test_the_run_file_records_the_strictness_that_ran_and_a_resume_keeps_to_it(
     to get the run's back."""
     monkeypatch.setenv(EVAL_STRICT_FORMAT, "1")
     output = tmp_path / "strict-format.jsonl"
-    args = ["eval", str(suite), "--name", GOOD[0], "--flaky-oracle", SEED, "--trials", "2", "--output", str(output),
+    args = ["eval", str(suite), "--name", GOOD[0], "--flaky-oracle", SEED, "--trials", "2", "--run-file", str(output),
             "--jobs-dir", str(tmp_path / "jobs")]  # fmt: skip
     assert cli_main(args) == 0
     assert "eval: strict format, lenient truncation," in capsys.readouterr().out

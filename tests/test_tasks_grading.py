@@ -209,7 +209,7 @@ def test_check_names_an_oracle_flagged_as_tampering_in_train_mode(
     hook = "/etc/python3.11/sitecustomize.py"  # what Debian's /usr/lib/python3.11/sitecustomize.py links to
     folder = harbor_task(suite, solve=f"cat /solution/answer.txt > /app/out.txt\necho 'import os' > {hook}\n")
     write(folder / "tests" / "test.sh", HARBOR_TEST.replace("mkdir -p /logs/verifier", "python3 -c 'print(1)'"))
-    assert run_check(suite, jobs=1) == 1
+    assert run_check(suite, concurrency=1) == 1
     out = capsys.readouterr().out
     flagged = [line for line in out.splitlines() if "FAIL train-oracle tiny-harbor" in line]
     assert len(flagged) == 1, out
@@ -220,7 +220,7 @@ def test_check_names_an_oracle_flagged_as_tampering_in_train_mode(
 def test_check_fails_a_task_whose_oracle_does_not_solve_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     suite = tmp_path / "suite"
     harbor_task(suite, solve="echo 'forgot to write the file'\n")
-    assert run_check(suite, jobs=2) == 1
+    assert run_check(suite, concurrency=2) == 1
     out = capsys.readouterr().out
     assert "FAIL oracle tiny-harbor  reward=0" in out
     assert "0/1 tasks valid" in out
@@ -230,7 +230,7 @@ def test_check_passes_a_valid_suite(tmp_path: Path, capsys: pytest.CaptureFixtur
     suite = tmp_path / "suite"
     harbor_task(suite)
     tb1_task(suite)
-    assert run_check(suite, jobs=2) == 0
+    assert run_check(suite, concurrency=2) == 0
     out = capsys.readouterr().out
     assert "2/2 tasks valid" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]

@@ -46,7 +46,7 @@ def view(*args: str) -> int:
 def look(browser: Browser, run: Path, trial: str, folder: Path) -> tuple[str, int]:
     """View ``trial`` of ``run``, open the page, save its screenshot as an artefact; the text shown and its height."""
     page = folder / f"{trial}.html"
-    assert view(str(run), "--trial", trial, "--output", str(page)) == 0
+    assert view(str(run), "--trial", trial, "--page", str(page)) == 0
     browser.open(page)
     shot = ARTIFACTS / "view" / f"{trial}.png"
     width, height = browser.screenshot(shot)
@@ -141,7 +141,7 @@ def test_a_run_file_from_before_times_were_recorded_still_renders(run: tuple[Pat
         lines.append(json.dumps(entry))
     older.write_text("\n".join(lines) + "\n")
     page = tmp_path / "older.html"
-    assert view(str(older), "--trial", SOLVED, "--output", str(page)) == 0
+    assert view(str(older), "--trial", SOLVED, "--page", str(page)) == 0
     text = page.read_text()
     assert "Turn 4" in text and "Oracle run." in text and "New terminal output:" in text
     assert "waits up to" not in text  # no record of what was typed: none is invented

@@ -142,7 +142,8 @@ def test_a_run_file_or_an_output_elsewhere_keeps_the_trial_pages_beside_the_page
     assert len(list(trials.glob("*.html"))) == TASKS * TRIALS
     assert (page.parent / "run.summary.json").is_file()
     elsewhere = tmp_path / "pages" / "overview.html"
-    assert view(synthetic.job, "--output", elsewhere) == 0
+    assert view(synthetic.job, "--output", elsewhere) == 0  # the option's former name, for one release
+    assert "--output is now --page" in capsys.readouterr().err
     data = json.loads((tmp_path / "pages" / "overview.summary.json").read_text())
     first = data["tasks"][0]["trials"][0]
     assert first["page"] == f"overview.trials/{first['name']}.html"
@@ -178,8 +179,8 @@ def test_one_unreadable_trial_loses_its_figures_not_the_page(
 def test_view_refuses_what_it_cannot_show_and_says_what_to_pass(
     synthetic: Synthetic, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert view(synthetic.job, "--output", tmp_path) == 2
-    assert f"--output {tmp_path} is a folder; pass the page's file" in capsys.readouterr().err
+    assert view(synthetic.job, "--page", tmp_path) == 2
+    assert f"--page {tmp_path} is a folder; pass the page's file" in capsys.readouterr().err
     log = tmp_path / "steps.jsonl"
     StepLog(log).add(strict_training_steps(1, 4)[0])
     assert view(log, "--trial", "x__0") == 2

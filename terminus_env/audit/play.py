@@ -3,7 +3,7 @@ loop, and the report.
 
 Per task: its image is built once; the control (doing nothing) plays first and surveys the container on the way;
 then every exploit with something to work on plays in a fresh container, in eval mode, each once (train mode's
-verdict follows from the same episode: :mod:`terminus_env.audit.verdict`). ``jobs`` bounds the episodes in flight
+verdict follows from the same episode: :mod:`terminus_env.audit.verdict`). ``concurrency`` bounds the episodes in flight
 across the whole suite.
 """
 
@@ -45,7 +45,7 @@ class Played:
 
 def run_audit(
     folder: Path | None,
-    jobs: int = 4,
+    concurrency: int = 4,
     names: list[str] | None = None,
     output: Path | None = None,
     exploits: list[str] | None = None,
@@ -53,15 +53,15 @@ def run_audit(
     """``terminus-env tasks audit``: play the catalogue (or only ``exploits``, beside the control) on every task of
     ``folder`` (default: the shipped suite), print the table and write the JSON report to ``output``. Returns the
     exit code: 0 when no task is hackable and the runtime let nothing through, 1 otherwise, 2 for bad arguments."""
-    if jobs < 1:
-        print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
+    if concurrency < 1:
+        print(f"--concurrency must be at least 1, not {concurrency}", file=sys.stderr)
         return 2
     root = shipped_tasks_dir() if folder is None else Path(folder)
     try:
         paths = task_dirs(root, names)
         chosen = select(exploits)
         if output is not None and output.is_dir():
-            raise ValueError(f"--output {output} is a folder: name the report's file (report.json)")
+            raise ValueError(f"--report {output} is a folder: name the report's file (report.json)")
     except (TaskError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -73,9 +73,12 @@ def run_audit(
         done.append(audited)
         if output is not None:
             partial = f"partial: {len(done)} of {len(paths)} tasks"
-            AuditReport(str(root.resolve()), names_played, jobs, 0.0, tasks=tuple(done), notes=(partial,)).save(output)
+            partial_report = AuditReport(str(root.resolve()), names_played, concurrency, 0.0, tasks=tuple(done),
+                                         notes=(partial,))  # fmt: skip
+            partial_report.save(output)
 
-    report = asyncio.run(audit_suite(paths, jobs, folder=str(root.resolve()), exploits=chosen, progress=finished))
+    report = asyncio.run(audit_suite(paths, concurrency, folder=str(root.resolve()), exploits=chosen,
+                                     progress=finished))  # fmt: skip
     print()
     print_report(report, sys.stdout)
     if output is not None:
@@ -95,16 +98,16 @@ def select(names: Sequence[str] | None) -> tuple[Exploit, ...]:
 
 async def audit_suite(
     paths: Sequence[Path],
-    jobs: int,
+    concurrency: int,
     *,
     folder: str = "",
     exploits: Sequence[Exploit] = CATALOGUE,
     progress: Callable[[TaskAudit], None] = lambda _: None,
     command_wait_s: float = COMMAND_WAIT_S,
 ) -> AuditReport:
-    """Audit every task folder in ``paths``, at most ``jobs`` episodes (and image builds) at once."""
+    """Audit every task folder in ``paths``, at most ``concurrency`` episodes (and image builds) at once."""
     started = time.monotonic()
-    slots = asyncio.Semaphore(jobs)
+    slots = asyncio.Semaphore(concurrency)
 
     async def one(path: Path) -> TaskAudit:
         audited = await audit_task(path, slots, exploits, command_wait_s, started)
@@ -115,7 +118,7 @@ async def audit_suite(
     return AuditReport(
         folder=folder,
         exploits=tuple(e.name for e in exploits),
-        jobs=jobs,
+        jobs=concurrency,
         duration_s=round(time.monotonic() - started, 1),
         load_average=_load_average(),
         tasks=tuple(tasks),

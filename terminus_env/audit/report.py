@@ -155,15 +155,15 @@ class AuditReport:
 
     @classmethod
     def load(cls, path: Path | str) -> AuditReport:
-        """Read a report ``tasks audit --output`` wrote."""
+        """Read a report ``tasks audit --report`` wrote."""
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except FileNotFoundError:
             raise AuditReportError(f"{path}: no such audit report; write one with "
-                                   f"`terminus-env tasks audit FOLDER --output {path}`") from None  # fmt: skip
+                                   f"`terminus-env tasks audit FOLDER --report {path}`") from None  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             raise AuditReportError(f"{path}: not an audit report ({exc}); write it again with "
-                                   "`terminus-env tasks audit FOLDER --output FILE`") from None  # fmt: skip
+                                   "`terminus-env tasks audit FOLDER --report FILE`") from None  # fmt: skip
 
 
 def _result(data: Mapping[str, Any]) -> ExploitResult:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from terminus_env import __version__
 from terminus_env.errors import TerminusError
+from terminus_env.utils.former_names import add_former_name
 
 
 def _cmd_images_base(args: argparse.Namespace) -> int:
@@ -41,13 +42,14 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 def _cmd_tasks_check(args: argparse.Namespace) -> int:
     from terminus_env.cli.check import run_check
 
-    return run_check(args.folder, jobs=args.jobs, names=args.name or None, audit=args.audit)
+    return run_check(args.folder, concurrency=args.concurrency, names=args.name or None, audit=args.audit)
 
 
 def _cmd_tasks_audit(args: argparse.Namespace) -> int:
     from terminus_env.audit.play import run_audit
 
-    return run_audit(args.folder, jobs=args.jobs, names=args.name or None, output=args.output, exploits=args.exploit)
+    return run_audit(args.folder, concurrency=args.concurrency, names=args.name or None, output=args.report,
+                     exploits=args.exploit)
 
 
 def _cmd_tasks_list(args: argparse.Namespace) -> int:
@@ -102,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
     check = tasks_sub.add_parser("check", help="oracle earns 1, doing nothing 0 (also in train mode), every task")
     check.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
-    check.add_argument("--jobs", "-j", type=int, default=4, help="tasks checked at once")
+    check.add_argument("--concurrency", "-j", type=int, default=4, help="tasks checked at once")
+    add_former_name(check, "--jobs", new_name="--concurrency", dest="concurrency", type=int)
     check.add_argument("--name", action="append", help="check only this task (repeatable)")
     check.add_argument("--audit", type=Path, metavar="REPORT", help="show what this `tasks audit` report found")
     check.set_defaults(func=_cmd_tasks_check)
@@ -110,9 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", help="play generic exploits against every task: which verifiers pass without the task solved"
     )
     audit.add_argument("folder", nargs="?", type=Path, help="a folder of tasks (default: the shipped suite)")
-    audit.add_argument("--jobs", "-j", type=int, default=4, help="episodes played at once")
+    audit.add_argument("--concurrency", "-j", type=int, default=4, help="episodes played at once")
+    add_former_name(audit, "--jobs", new_name="--concurrency", dest="concurrency", type=int)
     audit.add_argument("--name", action="append", help="audit only this task (repeatable)")
-    audit.add_argument("--output", "-o", type=Path, help="write the report as JSON here")
+    audit.add_argument("--report", type=Path, metavar="FILE", help="write the report as JSON here")
+    add_former_name(audit, "--output", "-o", new_name="--report", dest="report", type=Path)
     audit.add_argument("--exploit", action="append", help="play only this exploit, beside the control (repeatable)")
     audit.set_defaults(func=_cmd_tasks_audit)
     listing = tasks_sub.add_parser("list", help="print the suite: name, category, difficulty")
@@ -143,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     view.add_argument("--trial", help="write only this trial's page (its folder name, e.g. hello-world__0)")
     view.add_argument(
-        "--output", type=Path, metavar="PAGE.html",
+        "--page", type=Path, metavar="PAGE.html",
         help="the page to write (default: job.html in a job folder, RUN.html beside a file, trajectory.html in a "
         "trial's folder); a job's trial pages then go in the folder PAGE.trials beside it",
     )  # fmt: skip
+    add_former_name(view, "--output", new_name="--page", dest="page", type=Path)
     view.set_defaults(func=_cmd_view)
     return parser
 
@@ -163,7 +169,7 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--name", action="append", help="evaluate only this task (repeatable)")
     parser.add_argument("--trials", type=int, default=1, help="rollouts per task (k of pass@k)")
-    parser.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    parser.add_argument("--concurrency", "-j", type=int, default=4, help="rollouts in flight at once")
     parser.add_argument(
         "--ray", metavar="ADDRESS",
         help="run the sandboxes on the nodes of this Ray cluster (what ray.init(address=...) takes, e.g. auto or "
@@ -194,11 +200,12 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model's context, for servers that do not report max_model_len in /v1/models (vLLM does)",
     )  # fmt: skip
     parser.add_argument(
-        "--output", type=Path,
-        help="the run file: every rollout is appended as it ends (default: runs/eval-<UTC time>.jsonl)",
+        "--run-file", type=Path, metavar="FILE",
+        help="where every rollout is appended as it ends (default: runs/eval-<UTC time>.jsonl)",
     )  # fmt: skip
+    add_former_name(parser, "--output", new_name="--run-file", dest="run_file", type=Path)
     parser.add_argument(
-        "--resume", action="store_true", help="continue the run in --output, skipping the rollouts it already holds"
+        "--resume", action="store_true", help="continue the run in --run-file, skipping the rollouts it already holds"
     )
     parser.add_argument(
         "--audit-report", type=Path, metavar="FILE",

@@ -45,14 +45,14 @@ class CheckOutcome:
 
 
 def run_check(
-    folder: Path | None, jobs: int = 4, names: list[str] | None = None, audit: Path | None = None
+    folder: Path | None, concurrency: int = 4, names: list[str] | None = None, audit: Path | None = None
 ) -> int:
-    """Check the tasks in `folder` (default: the shipped suite; only `names` if given), `jobs` at once. With `audit`
-    (a report of ``tasks audit``), the table shows what the audit found beside the checks; it does not change the
-    exit code, which is 0 when every task passes every check.
+    """Check the tasks in `folder` (default: the shipped suite; only `names` if given), `concurrency` at once. With
+    `audit` (a report of ``tasks audit``), the table shows what the audit found beside the checks; it does not change
+    the exit code, which is 0 when every task passes every check.
     """
-    if jobs < 1:
-        print(f"--jobs must be at least 1, not {jobs}", file=sys.stderr)
+    if concurrency < 1:
+        print(f"--concurrency must be at least 1, not {concurrency}", file=sys.stderr)
         return 2
     try:
         paths = task_dirs(shipped_tasks_dir() if folder is None else Path(folder), names)
@@ -61,7 +61,7 @@ def run_check(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start = time.monotonic()
-    outcomes = asyncio.run(check_tasks(paths, jobs, _ProgressPrinter(len(CHECKS) * len(paths), sys.stdout)))
+    outcomes = asyncio.run(check_tasks(paths, concurrency, _ProgressPrinter(len(CHECKS) * len(paths), sys.stdout)))
     print_outcomes(outcomes, time.monotonic() - start, sys.stdout, report)
     return 0 if outcomes and all(o.passed for o in outcomes) else 1
 
@@ -87,10 +87,10 @@ def print_task_table(folder: Path | None = None) -> None:
 
 
 async def check_tasks(
-    paths: list[Path], jobs: int, report: Callable[[CheckOutcome], None] = lambda _: None
+    paths: list[Path], concurrency: int, report: Callable[[CheckOutcome], None] = lambda _: None
 ) -> list[CheckOutcome]:
-    """Both checks for each task; at most `jobs` tasks (image build included) in flight."""
-    semaphore = asyncio.Semaphore(jobs)
+    """Both checks for each task; at most `concurrency` tasks (image build included) in flight."""
+    semaphore = asyncio.Semaphore(concurrency)
 
     async def one(path: Path) -> list[CheckOutcome]:
         async with semaphore:

@@ -57,7 +57,7 @@ from terminus_env.tasks.loader import task_dirs
 _SETTLE_S = 60.0
 """How long an interrupted eval waits for Docker calls in flight before it exits."""
 RUNS_DIR = Path("runs")
-"""Where a run file goes when ``--output`` is not given."""
+"""Where a run file goes when ``--run-file`` is not given."""
 EXIT_INTERRUPTED = 130
 _LENIENT = Strictness(strict_format=False, strict_truncation=False)
 
@@ -71,8 +71,8 @@ def main(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.concurrency < 1:
         print("--trials and --concurrency must be at least 1", file=sys.stderr)
         return 2
-    if args.resume and args.output is None:
-        print("--resume needs --output RUN.jsonl: the run file of the run to continue", file=sys.stderr)
+    if args.resume and args.run_file is None:
+        print("--resume needs --run-file RUN.jsonl: the run file of the run to continue", file=sys.stderr)
         return 2
     problem = _check_limits(args)
     if problem:
@@ -110,14 +110,14 @@ def main(args: argparse.Namespace) -> int:
         hackable_policy=None if screen is None else screen.hackable.value,
         audit_report=None if screen is None else screen.source,
     )
-    path = args.output or RUNS_DIR / f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.jsonl"
+    path = args.run_file or RUNS_DIR / f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.jsonl"
     if args.resume:
         log, previous = RunLog.resume(path)
         differences = config.differences(previous.config)
         if differences:
             log.close()
             print(f"cannot resume {path} with other options ({'; '.join(differences)}): resume with the run's own "
-                  f"options{_strictness_hint(config, previous.config)}, or start a new run with another --output",
+                  f"options{_strictness_hint(config, previous.config)}, or start a new run with another --run-file",
                   file=sys.stderr)  # fmt: skip
             return 2
     else:
@@ -287,7 +287,7 @@ def _served_context_window(args: argparse.Namespace) -> int | None:
 
 def _resume_hint(path: Path) -> str:
     return (f"{len(read_run(path).rollouts)} finished rollouts are saved in {path}; continue with the same options "
-            f"and --output {path} --resume")  # fmt: skip
+            f"and --run-file {path} --resume")  # fmt: skip
 
 
 def _policy_name(args: argparse.Namespace) -> str:

@@ -75,7 +75,7 @@ class HarborJob:
         """Create the folder of a new run (refusing one that exists), or reopen a resumed run's."""
         job_dir = Path(job_dir).resolve()  # Harbor's configs hold absolute paths
         if job_dir.exists() and not resume:
-            raise JobFolderError(f"{job_dir} exists: remove it, pass another --jobs-dir, or choose another --output "
+            raise JobFolderError(f"{job_dir} exists: remove it, pass another --jobs-dir, or choose another --run-file "
                                  "(the job is named after the run file)")  # fmt: skip
         previous = _identity(job_dir / RESULT) if resume else None
         job_id, started_at = previous or (str(uuid.uuid4()), time.time())

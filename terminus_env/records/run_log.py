@@ -138,7 +138,7 @@ class RunLog:
             handle = path.open("xb")
         except FileExistsError:
             raise RunFileError(
-                f"{path} exists: pass --resume to continue that run, or choose another --output"
+                f"{path} exists: pass --resume to continue that run, or choose another --run-file"
             ) from None
         log = cls(path, _locked(path, handle))
         log._write({"kind": RecordKind.HEADER.value, "version": FORMAT_VERSION, "config": asdict(config)})
@@ -182,7 +182,7 @@ def _locked(path: Path, handle: BinaryIO) -> BinaryIO:
     except BlockingIOError:
         handle.close()
         raise RunFileError(f"{path} is being written by another eval (it holds the file's lock): wait for that run to "
-                           "end, or stop it, before resuming; or choose another --output") from None  # fmt: skip
+                           "end, or stop it, before resuming; or choose another --run-file") from None  # fmt: skip
     return handle
 
 

@@ -55,6 +55,7 @@ from terminus_env.serving.supervisor import (
     wait_healthy,
     watch,
 )
+from terminus_env.utils.former_names import add_former_name
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on GPUs under 70 GiB; 1024 on larger ones
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
@@ -147,14 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--python", help="the Python interpreter that has vLLM installed (default: this one)", default=sys.executable
     )
-    parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    parser.add_argument("--startup-timeout-s", type=float, default=1800.0, help="seconds to wait for /health")
+    add_former_name(parser, "--startup-timeout", new_name="--startup-timeout-s", dest="startup_timeout_s", type=float)
     parser.add_argument(
         "--max-restarts",
         type=int,
         default=3,
         help="times a replica that dies while serving is started again (the others keep serving meanwhile)",
     )
-    parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--stop-timeout-s", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+    add_former_name(parser, "--stop-timeout", new_name="--stop-timeout-s", dest="stop_timeout_s", type=float)
     parser.add_argument("--log-dir", type=Path, help="write replica i's output to LOG_DIR/replica-i.log")
     return parser
 
@@ -298,7 +301,7 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         for replica in replicas:
             procs.append(start(replica, args.log_dir))
-        wait_healthy(replicas, procs, args.startup_timeout)
+        wait_healthy(replicas, procs, args.startup_timeout_s)
         _print_endpoints(replicas, _served_name(replicas[0], args.model), time.monotonic() - started)
         return watch(replicas, procs, args.max_restarts, args.log_dir, weight_sync=args.weight_sync, seed=args.seed)
     except (KeyboardInterrupt, _Stop):
@@ -312,7 +315,7 @@ def main(argv: list[str]) -> int:
         previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            stop_all(procs, args.stop_timeout)
+            stop_all(procs, args.stop_timeout_s)
         finally:
             signal.signal(signal.SIGINT, previous_int)
             signal.signal(signal.SIGTERM, previous)

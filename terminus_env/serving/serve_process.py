@@ -32,7 +32,7 @@ class ServeProcess:
 
     ``args`` are ``terminus-env serve``'s (``--log-dir`` is added: each replica's log goes there, the
     launcher's own messages to ``serve.err``); ``env`` adds variables for it and its replicas. ``timeout_s``
-    bounds the start: the launcher is given it as ``--startup-timeout`` (``args`` may set another).
+    bounds the start: the launcher is given it as ``--startup-timeout-s`` (``args`` may set another).
     """
 
     def __init__(
@@ -43,7 +43,7 @@ class ServeProcess:
         self.lines: list[str] = []  # what the launcher printed up to "ready"
         self.startup_s = 0.0
         self._cmd = [sys.executable, "-m", "terminus_env.cli", "serve", "--log-dir", str(self.log_dir),
-                     "--startup-timeout", str(timeout_s), *args]  # fmt: skip
+                     "--startup-timeout-s", str(timeout_s), *args]  # fmt: skip
         self._env = {**os.environ, **(env or {})}
         self._timeout_s = timeout_s
         self.proc: subprocess.Popen | None = None

@@ -103,7 +103,7 @@ def wait_healthy(replicas: list[Replica], procs: list[subprocess.Popen], timeout
             if pending and time.monotonic() > deadline:
                 raise LaunchError(
                     f"replica(s) {', '.join(r.url for r in pending)} not healthy after {timeout_s:.0f}s "
-                    "(raise --startup-timeout for large models, or see their logs)"
+                    "(raise --startup-timeout-s for large models, or see their logs)"
                 )
             if pending:
                 time.sleep(0.5)

@@ -33,9 +33,9 @@ TRIALS_SUFFIX = ".trials"
 
 def main(args: argparse.Namespace) -> int:
     run = Path(args.run)
-    output = Path(args.output) if args.output else None
+    output = Path(args.page) if args.page else None
     if output is not None and output.is_dir():
-        raise ViewError(f"--output {output} is a folder; pass the page's file, such as {output / 'page.html'}")
+        raise ViewError(f"--page {output} is a folder; pass the page's file, such as {output / 'page.html'}")
     step_log = run.is_file() and is_step_log(run)
     if step_log and args.trial is not None:
         raise ViewError(f"{run} is a training run's step log: it has steps, not trials; drop --trial")
@@ -105,7 +105,7 @@ def _write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise ViewError(f"cannot write {path} ({exc}); pass --output PAGE.html somewhere writable") from exc
+        raise ViewError(f"cannot write {path} ({exc}); pass --page PAGE.html somewhere writable") from exc
 
 
 def default_output(run: Path, trial: str) -> Path:

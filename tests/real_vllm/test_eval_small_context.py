@@ -22,7 +22,7 @@ def test_eval_with_its_defaults_runs_to_the_end_and_summarizes(small_fleet, tmp_
     suite = eval_suite(tmp_path / "suite", "small-context")
     output = tmp_path / "run.jsonl"
     try:
-        code = cli_main(["eval", str(suite), "--base-url", small_fleet.urls[0], "--model", MODEL_NAME, "--output",
+        code = cli_main(["eval", str(suite), "--base-url", small_fleet.urls[0], "--model", MODEL_NAME, "--run-file",
                          str(output), "--jobs-dir", str(tmp_path / "jobs")])  # fmt: skip
     finally:
         prune_task_images({}, [suite])

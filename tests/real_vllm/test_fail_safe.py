@@ -227,7 +227,7 @@ def test_eval_as_serve_printed_it_runs_to_the_end_with_its_defaults(small_fleet,
     run_file = tmp_path / "run.jsonl"
     suite = eval_suite(tmp_path / "suite", "printed-command")  # a task whose time is EVAL_AGENT_TIMEOUT_S
     try:
-        done = subprocess.run([sys.executable, "-m", "terminus_env.cli", *command, str(suite), "--output",
+        done = subprocess.run([sys.executable, "-m", "terminus_env.cli", *command, str(suite), "--run-file",
                                str(run_file), "--jobs-dir", str(tmp_path / "jobs")],
                               capture_output=True, text=True, timeout=EVAL_TIMEOUT_S)  # fmt: skip
     finally:

@@ -90,7 +90,7 @@ def test_the_pages_commands_run_as_written(tmp_path, replica_logs):
         assert printed[-1] == (f"evaluate with: terminus-env eval --model tiny --base-url http://127.0.0.1:{port} "
                                f"--base-url http://127.0.0.1:{port + 1}")  # fmt: skip
         assert [line.endswith(f"seed {i})") for i, line in enumerate(printed[1:3])] == [True, True]
-        evaluated = run(moved(evaluate) + f" --output {tmp_path / 'eval.jsonl'} --jobs-dir {tmp_path / 'jobs'}",
+        evaluated = run(moved(evaluate) + f" --run-file {tmp_path / 'eval.jsonl'} --jobs-dir {tmp_path / 'jobs'}",
                         EVAL_TIMEOUT_S)
         assert re.search(r"end reasons: (format_error|context_limit) 1", evaluated.stdout), evaluated.stdout[-2000:]
         out = tmp_path / "grpo"
