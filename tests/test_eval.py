@@ -147,7 +147,8 @@ def test_resume_refuses_other_options_and_keeps_the_file(suite: Path, uninterrup
                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     output = uninterrupted[0]
     before = output.read_bytes()
-    code = cli_main(["eval", str(suite), "--flaky-oracle", SEED, "--trials", "3", "--run-file", str(output), "--resume"])
+    code = cli_main(["eval", str(suite), "--flaky-oracle", SEED, "--trials", "3", "--run-file", str(output),
+                     "--resume"])  # fmt: skip
     assert code == 2 and "trials: 2 in the file, 3 now" in capsys.readouterr().err
     assert cli_main(eval_command(suite, output)) == 2  # a new run never overwrites a run file
     assert "--resume" in capsys.readouterr().err
