@@ -31,6 +31,8 @@ class Rollout:
 
 @dataclass(frozen=True)
 class PolicyOutput:
+    """A reply and what the engine said about it: the tokens, where and under which weights it was sampled."""
+
     reply: Reply
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
@@ -38,6 +40,17 @@ class PolicyOutput:
     replica: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     policy_version: Any = None
+
+    def record_fields(self) -> dict[str, Any]:
+        """What a trajectory keeps of it, by the field names :class:`~terminus_env.rollout.trajectory.TurnRecord`
+        and :class:`~terminus_env.rollout.trajectory.SummaryCall` share: one place, so the two cannot drift."""
+        reply = self.reply
+        return {
+            "reply": reply.text, "finish_reason": reply.finish_reason, "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens, "prompt_token_ids": self.prompt_token_ids,
+            "token_ids": self.token_ids, "logprobs": self.logprobs, "replica": self.replica,
+            "sampling": dict(self.sampling), "policy_version": self.policy_version,
+        }  # fmt: skip
 
 
 class Policy(Protocol):
@@ -109,39 +122,36 @@ class ServingPolicy:
         )
 
 
-class OraclePolicy:
+class _ScriptedPolicy:
+    """A policy that needs no model: no admission to hold, and replies written from the task."""
+
+    def __init__(self, command_duration: float = 60.0) -> None:
+        self._duration = command_duration
+
+    @contextlib.asynccontextmanager
+    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
+        yield
+
+
+class OraclePolicy(_ScriptedPolicy):
     """Types each task's reference solution into the terminal, then confirms completion.
 
     It checks the whole pipeline (prompt, parser, tmux, grading) without a model: every task
     should earn reward 1.
     """
 
-    def __init__(self, command_duration: float = 60.0) -> None:
-        self._duration = command_duration
-
-    @contextlib.asynccontextmanager
-    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
-        yield
-
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         return PolicyOutput(reply=Reply(text=oracle_reply(rollout.task, _turn(messages), self._duration)))
 
 
-class NopPolicy:
+class NopPolicy(_ScriptedPolicy):
     """Declares the task done at once, without a command: the episode a validity check expects to earn 0."""
-
-    def __init__(self, command_duration: float = 60.0) -> None:
-        self._duration = command_duration
-
-    @contextlib.asynccontextmanager
-    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
-        yield
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         return PolicyOutput(reply=Reply(text=nop_reply(self._duration)))
 
 
-class FlakyOraclePolicy:
+class FlakyOraclePolicy(_ScriptedPolicy):
     """A scripted policy that solves some tasks sometimes, so eval statistics have something to show.
 
     Each task gets a success rate drawn from ``seed`` and its name; each rollout, a draw from
@@ -152,12 +162,8 @@ class FlakyOraclePolicy:
     """
 
     def __init__(self, seed: int, command_duration: float = 60.0) -> None:
+        super().__init__(command_duration)
         self._seed = seed
-        self._duration = command_duration
-
-    @contextlib.asynccontextmanager
-    async def session(self, rollout: Rollout) -> AsyncIterator[None]:
-        yield
 
     async def act(self, rollout: Rollout, messages: list[dict[str, str]]) -> PolicyOutput:
         turn = _turn(messages)

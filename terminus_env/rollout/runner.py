@@ -98,18 +98,9 @@ class RolloutRunner:
             _, _, terminated, truncated, info = await env.astep(out.reply)
             trajectory.turns.append(
                 TurnRecord(
-                    reply=out.reply.text,
-                    finish_reason=out.reply.finish_reason,
-                    prompt_tokens=out.reply.prompt_tokens,
-                    completion_tokens=out.reply.completion_tokens,
-                    prompt_token_ids=out.prompt_token_ids,
-                    token_ids=out.token_ids,
-                    logprobs=out.logprobs,
-                    replica=out.replica,
+                    **out.record_fields(),
                     format_error=info["format_error"],
                     warnings=info["warnings"],
-                    sampling=out.sampling,
-                    policy_version=out.policy_version,
                     commands=info["commands"],
                     terminal=info["terminal"],
                     replied_s=replied,

@@ -205,10 +205,4 @@ def _user(content: str) -> dict[str, str]:
 
 
 def _call(role: str, prompt: str, out: PolicyOutput, at: float) -> SummaryCall:
-    reply = out.reply
-    return SummaryCall(
-        role=role, prompt=prompt, reply=reply.text, finish_reason=reply.finish_reason,
-        prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
-        prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids, logprobs=out.logprobs, replica=out.replica,
-        sampling=dict(out.sampling), policy_version=out.policy_version, replied_s=at,
-    )  # fmt: skip
+    return SummaryCall(role=role, prompt=prompt, **out.record_fields(), replied_s=at)
