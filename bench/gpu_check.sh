@@ -34,7 +34,7 @@ trap cleanup EXIT
 serve() {  # serve PORT DP VISIBLE_GPUS LOGDIR: start `terminus-env serve` in the background
     local port=$1 dp=$2 gpus=$3 logdir=$4
     CUDA_VISIBLE_DEVICES=$gpus VLLM_SERVER_DEV_MODE=1 "$PY" -m terminus_env.cli serve --model "$MODEL" --dp "$dp" \
-        --port "$port" --log-dir "$logdir" --startup-timeout 300 -- "${VLLM_ARGS[@]}" > "$logdir.out" 2>&1 &
+        --port "$port" --log-dir "$logdir" --startup-timeout-s 300 -- "${VLLM_ARGS[@]}" > "$logdir.out" 2>&1 &
     LAUNCHERS+=($!)
 }
 
@@ -72,7 +72,7 @@ serve $PORT2 2 0,0 "$OUT_DIR/serve-dp2"
 if docker info > /dev/null 2>&1; then
     timeout 150 "$PY" -m terminus_env.cli eval tasks/ --base-url "http://127.0.0.1:$PORT1" --model "$MODEL" \
         --name hello-world --name dotenv-settings --max-turns 6 --max-turn-tokens 1024 --concurrency 2 \
-        --output "$OUT_DIR/eval.jsonl" > "$OUT_DIR/eval.txt" 2>&1
+        --run-file "$OUT_DIR/eval.jsonl" > "$OUT_DIR/eval.txt" 2>&1
     code=$?
     RESULT[eval]=$(status "$code")
 else

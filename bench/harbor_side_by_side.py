@@ -160,7 +160,7 @@ async def run_ours(suite: Path, url: str, trials: int, out: Path, name: str, con
     """``terminus-env eval`` over the suite with its defaults; returns its run file."""
     run_file = out / f"{name}.jsonl"
     command = [sys.executable, "-m", "terminus_env.cli", "eval", str(suite), "--base-url", url, "--model", MODEL,
-               "--trials", str(trials), "--concurrency", str(concurrency), "--output", str(run_file),
+               "--trials", str(trials), "--concurrency", str(concurrency), "--run-file", str(run_file),
                "--jobs-dir", str(out / "jobs")]  # fmt: skip
     if threshold is not None:
         command += ["--summarize-threshold", str(threshold)]

@@ -70,7 +70,7 @@ class EpisodeSummary:
     truncated_turns: int
     graded: bool
     masked: bool
-    """A trainer drops this episode: the infrastructure failed, so its reward says nothing of the model
+    """A trainer always drops this episode: the infrastructure failed, so its reward says nothing of the model
     (``end_reason.masked``)."""
     rescued: bool
     grade_reason: str | None = None
@@ -300,8 +300,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
               and once the episode ended:
 
               - ``end_reason``: an :class:`EndReason`, which says whose fault the ending was;
-              - ``masked``: a trainer drops this episode: its reward says nothing of the model (only the
-                infrastructure's faults are masked). ``env_error`` is the same value under its former name;
+              - ``masked``: a trainer always drops this episode: the infrastructure failed, so its reward says
+                nothing of the model. ``env_error`` is the same value under its former name;
               - ``episode``: the :class:`EpisodeSummary` as a dict;
               - ``verifier``: the verifier's files by their names in a Harbor trial's ``verifier/`` folder (its
                 output, ``test-stdout.txt``, among them), or None when it did not run.

@@ -25,6 +25,7 @@ from terminus_env.env import EndReason, TerminusEnv
 from terminus_env.rollout import RolloutRunner
 from terminus_env.rollout.policy import OraclePolicy, PolicyOutput, Rollout
 from terminus_env.rules import Reply
+from terminus_env.sandbox import errors
 from terminus_env.sandbox.errors import (
     AgentCaused,
     BrokenByAgent,
@@ -110,7 +111,19 @@ def test_every_sandbox_error_crosses_the_wire_with_its_fault() -> None:
     assert isinstance(error_from_wire(wire), Wrecked)
     unknown = dataclasses.replace(wire, kind="ClassThePoolNeverLoaded")
     back = error_from_wire(unknown)
-    assert type(back) is BrokenByAgent and "the agent removed /bin/sh" in str(back)
+    assert type(back) is BrokenByAgent and str(back) == "ClassThePoolNeverLoaded: the agent removed /bin/sh"
+
+
+def test_a_stray_class_named_like_ours_never_takes_its_place_on_the_wire() -> None:
+    """The disguise of the same channel: a class defined elsewhere under the name of an agent's error, deriving from
+    the infrastructure's base, must not make the agent's error cross as the infrastructure's."""
+
+    class TerminalGone(SandboxError):
+        pass
+
+    assert error_kinds()["TerminalGone"] is not TerminalGone
+    back = error_from_wire(error_to_wire(errors.TerminalGone("the shell exited")))
+    assert isinstance(back, AgentCaused) and type(back) is errors.TerminalGone
 
 
 # ----- a real two-node cluster -------------------------------------------------------------------------------
@@ -307,7 +320,7 @@ def test_a_killed_host_ends_only_its_episodes_as_env_error(nodes: TwoNodes, run:
     trajectories, errors_within, left, hosts, again = run(scenario())
     ended = sorted((t.summary.end_reason, t.reward) for t in trajectories)
     assert ended == [(EndReason.ENV_ERROR, 0.0)] * SLOTS + [(EndReason.TASK_COMPLETE, 1.0)] * SLOTS
-    lost = [t.summary for t in trajectories if t.summary.env_error]
+    lost = [t.summary for t in trajectories if t.summary.masked]
     assert all("SandboxLost" in s.error and "is gone" in s.error for s in lost)
     assert errors_within < 30, f"the dead host's episodes ended {errors_within:.1f} s after the kill"
     assert left == []
@@ -359,8 +372,8 @@ def test_a_dead_node_ends_its_episodes_and_a_new_node_takes_sandboxes(
 def test_eval_command_runs_on_the_cluster(nodes: TwoNodes, tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "terminus_env.cli", "eval", "--oracle", "--ray", nodes.cluster.address,
-        "--name", "hello-world", "--name", "ipv4-regex", "--concurrency", "4", "--output", str(tmp_path / "run.jsonl"),
-        "--jobs-dir", str(tmp_path / "jobs"),
+        "--name", "hello-world", "--name", "ipv4-regex", "--concurrency", "4",
+        "--run-file", str(tmp_path / "run.jsonl"), "--jobs-dir", str(tmp_path / "jobs"),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr  # the oracle exits 1 unless every task is solved

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from terminus_env.env import EpisodeSummary
@@ -43,8 +45,15 @@ def test_aggregate_reports_the_seed_figures():
     assert m.end_reasons == {"task_complete": 2, "format_error": 1, "max_turns": 1, "env_error": 1}
 
 
+def test_a_summary_saved_under_the_former_key_is_still_kept_out_of_the_means():
+    """Run files written before the flag was named ``masked`` carry ``env_error`` in their summaries."""
+    kept = asdict(summary(reward=1.0))
+    old = {k: v for k, v in asdict(summary(end="env_error", masked=True, format_errors=5)).items() if k != "masked"}
+    m = aggregate([kept, {**old, "env_error": True}])
+    assert m.episodes == 2 and m.env_errors == 1 and m.mean_reward == 1.0 and m.mean_format_errors == 0.0
+
+
 def test_aggregate_reads_info_dicts_and_handles_empty():
-    from dataclasses import asdict
 
     assert aggregate([asdict(summary(reward=1.0))]).mean_reward == 1.0
     empty = aggregate([])

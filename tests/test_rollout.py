@@ -92,7 +92,7 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_crash(task):
     runner = RolloutRunner(OraclePolicy(), env_kwargs={"mode": "eval"})
     (trajectory,) = asyncio.run(runner.run([broken]))
     assert trajectory.error and "no-such-image" in trajectory.error
-    assert trajectory.env_error and trajectory.reward == 0.0
+    assert trajectory.masked and trajectory.env_error and trajectory.reward == 0.0  # the former name, one release
 
 
 def test_a_request_that_kills_its_engine_fails_its_rollout_not_the_run(task):
@@ -106,7 +106,7 @@ def test_a_request_that_kills_its_engine_fails_its_rollout_not_the_run(task):
 
     failed, after, pool = asyncio.run(main())
     assert failed.error.startswith("EngineDied: replica ") and "not sent to another replica" in failed.error
-    assert failed.env_error and failed.reward == 0.0  # masked: no gradient from a rollout the fleet failed
+    assert failed.masked and failed.reward == 0.0  # masked: no gradient from a rollout the fleet failed
     dead = failed.error.split()[2].removesuffix("'s")
     assert [t.reward for t in after] == [1.0, 1.0] and dead not in {turn.replica for t in after for turn in t.turns}
     assert not pool.is_up(dead) and pool.failovers == 0

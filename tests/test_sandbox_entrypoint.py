@@ -199,7 +199,7 @@ def test_a_failing_entrypoint_is_an_env_error_with_its_output(tmp_path: Path, cl
         (trajectory,) = asyncio.run(runner.run([task]))
     finally:
         remove_tags(client, f"terminus-env/task-{task_dir.name}")
-    assert trajectory.env_error and trajectory.reward == 0.0
+    assert trajectory.masked and trajectory.reward == 0.0
     assert trajectory.error and "exit code 7" in trajectory.error and "license key missing" in trajectory.error
 
 

@@ -263,7 +263,7 @@ def test_once_the_launcher_has_stopped_no_process_of_a_replica_writes_any_more(s
     env, records, python = stub_python
     written = tmp_path / "straggler.out"
     env["STUB_STRAGGLER"] = str(written)
-    args = ["--model", "tiny", "--dp", "1", "--port", str(free_ports(1)), "--device", "gpu", "--stop-timeout", "1"]
+    args = ["--model", "tiny", "--dp", "1", "--port", str(free_ports(1)), "--device", "gpu", "--stop-timeout-s", "1"]
     with _launched(env, python, *args) as proc:
         _read_until_ready(proc)
         deadline = time.monotonic() + HANG_S

@@ -196,7 +196,7 @@ def test_a_step_record_counts_each_batch_as_the_trainers_and_the_eval_count_it()
     batch = strict_training_steps(1, 40, seed=5)[0]
     record = step_record(3, batch, extra={"rollout_s": 12.5})
     ran = [t for t in batch if t.summary is not None]
-    scored = [t for t in ran if not t.env_error]
+    scored = [t for t in ran if not t.masked]
     assert record.step == 3 and record.episodes == len(batch) and record.extra == {"rollout_s": 12.5}
     assert record.end_reasons == {reason: sum(1 for t in ran if t.summary.end_reason == reason)  # type: ignore[union-attr]
                                   for reason in record.end_reasons} | {"env_error": len(batch) - len(ran)}  # fmt: skip

@@ -159,7 +159,7 @@ def read_step_log(path: Path) -> list[StepRecord]:
     return records
 
 
-_NEVER_RAN: dict[str, Any] = {"end_reason": EndReason.ENV_ERROR.value, "env_error": True}
+_NEVER_RAN: dict[str, Any] = {"end_reason": EndReason.ENV_ERROR.value, "masked": True}
 """The episode summary of a rollout that never ran: counted, never in a mean."""
 
 

@@ -92,6 +92,12 @@ def error_kinds() -> dict[str, type[SandboxError]]:
     todo: list[type[SandboxError]] = [SandboxError]
     while todo:
         cls = todo.pop()
-        found.setdefault(cls.__name__, cls)
+        known = found.get(cls.__name__)
+        if known is None or (_ours(cls) and not _ours(known)):  # a stray class of the same name never shadows ours
+            found[cls.__name__] = cls
         todo.extend(cls.__subclasses__())
     return found
+
+
+def _ours(cls: type) -> bool:
+    return cls.__module__.startswith("terminus_env.")

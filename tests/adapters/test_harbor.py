@@ -132,7 +132,7 @@ def test_view_renders_a_trajectory_shaped_as_harbors_terminus_2_writes_it(tmp_pa
     (trial / "agent").mkdir(parents=True)
     (trial / "agent" / "trajectory.json").write_text(json.dumps(trajectory.to_json_dict()))
     page = tmp_path / "page.html"
-    assert cli_main(["view", str(trial), "--output", str(page)]) == 0
+    assert cli_main(["view", str(trial), "--page", str(page)]) == 0
     text = page.read_text()
     assert "Analysis: nothing listed yet" in text and "ls /app⏎" in text and "notes.txt" in text
     assert "Turn 1" in text and "+2.0 s" in text and "120 tokens in" in text and "model some-model" in text

@@ -93,7 +93,8 @@ def error_from_wire(wire: WireError) -> Exception:
     kinds = error_kinds()
     cls = next((kinds[name] for name in (wire.kind, *wire.lineage) if name in kinds), SandboxError)
     error = cls.__new__(cls)
-    Exception.__init__(error, wire.message)
-    if cls.__name__ == wire.kind:
+    exact = cls.__name__ == wire.kind
+    Exception.__init__(error, wire.message if exact else f"{wire.kind}: {wire.message}")
+    if exact:
         vars(error).update(wire.fields)
     return error
