@@ -26,7 +26,13 @@ from terminus_env.sandbox.channel import (
     direct_unreachable,
     reap_folders,
 )
-from terminus_env.sandbox.errors import SandboxError
+from terminus_env.sandbox.errors import (
+    AgentCaused,
+    BrokenByAgent,
+    DaemonFailed,
+    ResourcesExhausted,
+    SandboxError,
+)
 from terminus_env.sandbox.inside.channel import take_channel
 from terminus_env.sandbox.inside.names import DIRECT
 from terminus_env.sandbox.owner import process_start
@@ -168,6 +174,37 @@ def test_a_direct_channel_reads_replies_in_pieces_and_the_daemons_stderr_lines(t
     assert reply["data"] == "x" * 3_000_000
     assert stderr == "Traceback (most recent call last):\n" and dropped == 1
     assert not folder.path.exists()
+
+
+@pytest.mark.parametrize("reply, raised", [
+    ({"error": "KeyError: 'x'"}, DaemonFailed),  # nothing explains it: the agent's, fail closed
+    ({"error": "the verifier's shell is gone", "blame": "agent"}, BrokenByAgent),
+    ({"error": "cannot start a process: fork", "spawn_errno": 11}, ResourcesExhausted),
+])  # fmt: skip
+def test_a_failed_request_is_the_agents_unless_the_host_can_show_otherwise(
+    tmp_path: Path, reply: dict[str, Any], raised: type[SandboxError]
+) -> None:
+    """An agent that finds any input tripping a daemon request must not turn its 0 into a masked episode: a failure
+    the daemon cannot explain counts as the agent's (the env ends such a turn ``shell_lost``, such a grading
+    ``verifier_broken``). Only a broken channel, which nothing in the container can cause, is the host's."""
+    folder = ChannelFolder.make(tmp_path)
+
+    async def scenario() -> BaseException:
+        reader = asyncio.StreamReader()
+        channel = Channel(reader, Writer(), folder)  # type: ignore[arg-type]
+        asking = asyncio.ensure_future(channel.request("verify", 5))
+        await asyncio.sleep(0)
+        reader.feed_data(json.dumps({"id": 0, "ok": False, **reply}).encode() + b"\n")
+        try:
+            await asking
+        except SandboxError as exc:
+            return exc
+        finally:
+            await channel.close()
+        raise AssertionError("the failed request raised nothing")
+
+    error = asyncio.run(scenario())
+    assert type(error) is raised and isinstance(error, AgentCaused) and reply["error"] in str(error)
 
 
 def test_no_connection_is_lost_when_the_wait_for_it_times_out_as_it_arrives(

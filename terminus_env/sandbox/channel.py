@@ -39,7 +39,7 @@ from docker.types import Mount
 from terminus_env import config
 from terminus_env.config import ConfigError
 from terminus_env.sandbox.cleanup import REGISTRY
-from terminus_env.sandbox.errors import BrokenByAgent, ResourcesExhausted, SandboxError, SandboxLost
+from terminus_env.sandbox.errors import BrokenByAgent, DaemonFailed, ResourcesExhausted, SandboxError, SandboxLost
 from terminus_env.sandbox.owner import Owner, host_id
 
 LOG_PREFIX = "terminus-env: "
@@ -183,7 +183,7 @@ class Channel:
                 raise ResourcesExhausted(f"nothing more can start in the sandbox ({reply.get('error')})")
             if reply.get("blame") == "agent":
                 raise BrokenByAgent(f"the sandbox could not do {op!r} after what the agent did: {reply.get('error')}")
-            raise SandboxError(f"the sandbox daemon failed on {op!r}: {reply.get('error')}")
+            raise DaemonFailed(f"the sandbox daemon failed on {op!r}: {reply.get('error')}")
         return reply
 
     async def _read_frames(self) -> None:

@@ -64,6 +64,14 @@ class BrokenByAgent(AgentCaused):
     folder that the request needs (the verifier's shell, root's entry, the verifier's private folders)."""
 
 
+class DaemonFailed(AgentCaused):
+    """A request to the sandbox's daemon failed and nothing explains why. The agent's processes share the container
+    and may have made the state that broke it, and the host cannot prove otherwise, so it counts as the agent's (fail
+    closed: otherwise any input that trips the daemon would turn a 0 into a masked episode). The message carries the
+    daemon's own words, so a bug of ours shows in the episode's ``error``. A failure before the agent's first turn
+    ends no episode: ``reset`` raises it, and the runner masks the rollout."""
+
+
 class ResourcesExhausted(AgentCaused):
     """Nothing more could start in the sandbox: the agent's processes used up its pids or memory."""
 
