@@ -9,19 +9,24 @@ from transformers import AutoModelForCausalLM
 from vllm_support import MODEL_NAME, expected_logprobs, perturbed, probe
 
 from terminus_env.serving import ReplicaClient, ServingPool
+from terminus_env.serving.client import ReplicaUnavailable
 from terminus_env.serving.weight_sync import CheckpointReload
 
 
 async def running_in_an_engine(urls: list[str], request: asyncio.Task) -> None:
     """Until a replica's engine runs a request (vLLM's ``num_requests_running``): ``request``, the only one sent. The
     clients stay open and the scrapes follow each other closely: on a quiet machine the tiny model writes a long
-    reply in a second or two."""
-    clients = [ReplicaClient(url) for url in urls]
+    reply in a second or two. A scrape that times out is only a missed look, not the test's failure: a CPU replica
+    busy with the long reply accepted no connection for 5 s once, at load 12."""
+    clients = [ReplicaClient(url, connect_timeout_s=60.0) for url in urls]
     try:
         while not request.done():
             for client in clients:
-                if (await client.metrics())["0"].num_requests_running > 0:
-                    return
+                try:
+                    if (await client.metrics())["0"].num_requests_running > 0:
+                        return
+                except ReplicaUnavailable:
+                    continue
             await asyncio.sleep(0.01)
     finally:
         for client in clients:
