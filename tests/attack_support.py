@@ -51,10 +51,11 @@ def pytest_task_in(root, tiny_task_dir, tests: str = PYTEST_TESTS):
     return load_task(root)
 
 
-def cheat(task, *steps: str, mode: str = "train", wait: float = 15.0):
+def cheat(task, *steps: str, mode: str = "train", wait: float = 60.0):
     """Play an unsolved ``task``: run each step (keystrokes, each given up to ``wait`` seconds to finish), then
     confirm completion. Returns what the steps showed (all their observations, joined) and the final reward and
-    info."""
+    info. A turn ends as soon as the shell is idle, so ``wait`` is only a bound: at load 11 typing and running a
+    12 kB line took over 15 s once, and its output was not in the step's observation yet."""
     with started(task, mode=mode) as env:
         seen = [env.step(reply(keys, duration=wait))[0] for keys in steps]
         _, reward, terminated, _, info = play(env, [reply(complete=True), reply(complete=True)])
