@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_support import pid_alive, terminate
+from serving_support import pid_alive, terminate, wait_healthy
 
 from terminus_env.serving.client import FRESH_WEIGHT_VERSION
 from terminus_env.serving.launcher import WHOLE_PREFILL_NOTE, LaunchError, build_parser, main, plan
@@ -185,15 +185,6 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _wait_healthy(url: str) -> bool:
-    deadline = time.monotonic() + HANG_S
-    while not _healthy(url):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub_python, tmp_path):
     env, records, python = stub_python
     port = free_ports(3)
@@ -208,7 +199,7 @@ def test_a_replica_that_dies_is_started_again_while_the_others_keep_serving(stub
         os.kill(seen[1]["pid"], signal.SIGKILL)
         _stderr_until(proc, f"replica 1 (http://127.0.0.1:{port + 1}) exited with code -9 while serving; starting "
                       "it again (1 of 1)")  # fmt: skip
-        assert _wait_healthy(f"http://127.0.0.1:{port + 1}")
+        wait_healthy(f"http://127.0.0.1:{port + 1}", HANG_S)
         again = _records(records)
         assert again[1]["pid"] != seen[1]["pid"]
         seeds = [r["argv"][r["argv"].index("--seed") + 1] for r in again]
@@ -236,7 +227,7 @@ def test_a_replica_tagged_broken_by_a_failed_weight_load_is_started_again_uncoun
         httpx.post(f"{url}/update_weight_version", json={"new_version": BROKEN_TAG}, timeout=10).raise_for_status()
         _stderr_until(proc, f"replica 1 ({url}) failed to load weights and could not take the last good ones back; "
                       "starting it again")  # fmt: skip
-        assert _wait_healthy(url)
+        wait_healthy(url, HANG_S)
         again = _records(records)
         assert again[1]["pid"] != seen[1]["pid"] and again[0]["pid"] == seen[0]["pid"] and not pid_alive(seen[1]["pid"])
         assert httpx.get(f"{url}/weight_info", timeout=10).json()["weight_version"] == FRESH_WEIGHT_VERSION
