@@ -228,11 +228,11 @@ def test_the_main_process_runs_compiled_code_only_where_the_bytecode_matches(mag
         "left = sorted(name for name in os.environ if name.startswith('TERMINUS_SANDBOX'))\n"
         "print({!r}, sys.argv[1:], left)\n"
     )
+    source = shipping.code_variables(program.format("source"))
+    compiled = shipping.code_variables(program.format("compiled"), magic or importlib.util.MAGIC_NUMBER)
     variables = {
-        shipping.SOURCE_VARIABLE: shipping.code_variables(program.format("source"))[shipping.SOURCE_VARIABLE],
-        shipping.COMPILED_VARIABLE: shipping.code_variables(
-            program.format("compiled"), magic or importlib.util.MAGIC_NUMBER
-        )[shipping.COMPILED_VARIABLE],
+        **{name: value for name, value in source.items() if name.startswith(shipping.SOURCE_VARIABLE)},
+        **{name: value for name, value in compiled.items() if name.startswith(shipping.COMPILED_VARIABLE)},
     }
     command = [sys.executable, *shipping.MAIN_COMMAND[1:], "x"]
     result = subprocess.run(command, env=variables, capture_output=True, text=True, check=True)

@@ -5,7 +5,9 @@ must refuse a package it would break."""
 from __future__ import annotations
 
 import ast
+import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,11 +17,21 @@ from pathlib import Path
 import pytest
 
 from terminus_env.sandbox import inside
-from terminus_env.sandbox.shipping import MAIN_COMMAND, JoinError, joined_source, main_environment
+from terminus_env.sandbox.shipping import (
+    COMPILED_VARIABLE,
+    MAIN_COMMAND,
+    MAX_VARIABLE_CHARS,
+    SOURCE_VARIABLE,
+    JoinError,
+    code_variables,
+    joined_source,
+    main_environment,
+)
 
 INSIDE = Path(inside.__file__).parent
 MODULES = sorted(path.stem for path in INSIDE.glob("*.py") if path.stem != "__init__")
-OPS = {"exec", "verify", "tmux", "commands", "send", "step", "capture", "read", "stop_agent", "ping", "lookup"}
+OPS = {"exec", "verify", "tmux", "commands", "send", "step", "capture", "read", "stop_agent", "ping", "lookup",
+       "packages"}
 
 
 def test_the_in_container_code_imports_the_standard_library_and_itself_only() -> None:
@@ -80,6 +92,25 @@ def test_the_shipped_variables_load_with_the_main_command_where_nothing_is_asked
     command = [sys.executable, *MAIN_COMMAND[1:-1], "not-main"]
     done = subprocess.run(command, env=main_environment(), capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_no_shipped_variable_passes_the_kernels_limit_on_one_string() -> None:
+    """Linux will not start a program with one variable over MAX_ARG_STRLEN (128 KiB, its ``NAME=`` and NUL
+    included): the container would stop at once. The code grows; its parts must not."""
+    variables = main_environment()
+    assert len(variables) > 2  # the compiled code alone is over one part
+    assert max(len(name) + 1 + len(value) + 1 for name, value in variables.items()) <= 128 * 1024
+
+
+def test_a_variable_cut_in_many_parts_loads_whole() -> None:
+    """Code much larger than one part (a long docstring of random text) still runs, from its parts joined in order."""
+    filler = base64.b64encode(os.urandom(4 * MAX_VARIABLE_CHARS)).decode()
+    program = f'"""{filler}"""\nimport sys\nprint("loaded", sys.argv[1:])\n'
+    variables = code_variables(program, b"\0\0\r\n")  # a magic no Python has: the source runs, compiled there
+    assert int(variables[SOURCE_VARIABLE]) > 1 and int(variables[COMPILED_VARIABLE]) > 1
+    command = [sys.executable, *MAIN_COMMAND[1:-1], "main"]
+    done = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "loaded ['main']")
 
 
 def codes(code: types.CodeType) -> list[types.CodeType]:

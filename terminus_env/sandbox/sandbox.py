@@ -40,6 +40,7 @@ from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.layer_diff import LayerDiff, LayerFolders, layer_diff
 from terminus_env.sandbox.owner import Owner, new_run_id
+from terminus_env.sandbox.package_proof import lift_packaged
 from terminus_env.sandbox.reaper import reap
 from terminus_env.sandbox.services import EpisodeServices
 from terminus_env.sandbox.shipping import MAIN_COMMAND, main_environment
@@ -206,13 +207,14 @@ class Sandbox:
 
     async def _judge_watch(self, report: WatchReport, diff: LayerDiff) -> tuple[Finding, ...]:
         """The rules of tamper.py over the watch's report, with the layer's changes from before the run and the
-        lookups the rules ask for."""
+        lookups the rules ask for, less what a package's provenance disproves (package_proof.py)."""
         asked = queries(report, self.workdir)
         found: dict[str, Any] = {}
         if asked.patterns:
             found = (await self._channel.request("lookup", _GRACE_S, patterns=list(asked.patterns)))["found"]
         changes = await asyncio.to_thread(diff.kinds_of, asked.diff_paths)
-        return judge(report, self.workdir, changes, found, report.links)
+        findings = judge(report, self.workdir, changes, found, report.links)
+        return await lift_packaged(findings, report, self._channel.request, self._client, self.id)
 
     async def put_dir(self, local: Path, dest: str) -> None:
         """Copy the contents of folder ``local`` into ``dest`` (created if missing), where both sides see it."""
@@ -497,10 +499,7 @@ def _security_options(info: dict[str, Any]) -> list[str]:
 
 
 def _handover_failure(client: docker.DockerClient, container_id: str, spec: SandboxSpec, verdict: str) -> str:
-    try:
-        lines = client.api.logs(container_id, tail=40).decode("utf-8", "replace").splitlines()
-    except DockerException:
-        lines = []
+    lines = _log_through(client, container_id, f"{LOG_PREFIX}handover ")
     logs = "\n".join(line for line in lines if not line.startswith(LOG_PREFIX)).strip()  # the ENTRYPOINT's own
     what = {
         "no-handover": f"did not start the keep-alive command within {HANDOVER_S:g} s",
@@ -509,6 +508,20 @@ def _handover_failure(client: docker.DockerClient, container_id: str, spec: Sand
         f"the ENTRYPOINT of image {spec.image!r} {what}; it must end by running its arguments (e.g. `exec \"$@\"`). "
         + (f"Its output:\n{logs}" if logs else "It wrote nothing.")
     )
+
+
+def _log_through(client: docker.DockerClient, container_id: str, marker: str, wait_s: float = 10.0) -> list[str]:
+    """The container log's last lines once a line starting with ``marker`` is in it: the engine copies a
+    container's output into its log on its own time, so what was written before the marker may not be there yet."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lines = client.api.logs(container_id, tail=40).decode("utf-8", "replace").splitlines()
+        except DockerException:
+            return []
+        if any(line.startswith(marker) for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 def _discard(client: docker.DockerClient, container_id: str) -> None:

@@ -27,13 +27,18 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
 SOURCE_VARIABLE, COMPILED_VARIABLE = "TERMINUS_SANDBOX_SOURCE", "TERMINUS_SANDBOX_COMPILED"
-"""The container's main process reads its code from these variables (and removes both from its environment):
-inside_source(), and the same compiled by this Python, each zlib-compressed and base64-encoded."""
+"""The container's main process reads its code from these variables (and removes them from its environment):
+inside_source(), and the same compiled by this Python, each zlib-compressed and base64-encoded, then cut into parts
+(``NAME`` holds how many, ``NAME0``... the parts) so that no variable passes the kernel's limit on one string."""
+MAX_VARIABLE_CHARS = 65536
+"""A part's length: Linux refuses to start a program with any one argument or variable over 128 KiB
+(MAX_ARG_STRLEN), and the container's main process would not start at all."""
 # The compiled code runs where the container's Python has this Python's bytecode magic (the same minor version);
 # any other compiles the source. Compiling costs ~30 ms of a start's CPU here.
 _MAIN_BOOTSTRAP = (
     "import os,sys,zlib,binascii,marshal;"
-    "d=lambda n:zlib.decompress(binascii.a2b_base64(os.environ.pop(n)));"
+    "d=lambda n:zlib.decompress(binascii.a2b_base64(''.join([os.environ.pop(n+str(i)) for i in "
+    "range(int(os.environ.pop(n)))])));"
     f"s,c=d({SOURCE_VARIABLE!r}),d({COMPILED_VARIABLE!r});"
     "m=sys.modules['_frozen_importlib_external'].MAGIC_NUMBER;"
     "exec(marshal.loads(c[len(m):]) if c[:len(m)]==m else compile(s,'terminus-sandbox','exec'))"
@@ -75,10 +80,13 @@ def _main_environment() -> dict[str, str]:
 def code_variables(source: str, magic: bytes = importlib.util.MAGIC_NUMBER) -> dict[str, str]:
     """``source`` and its code compiled here (``magic`` first), as MAIN_COMMAND reads them."""
     compiled = magic + marshal.dumps(compile(source, "terminus-sandbox", "exec"))
-    return {
-        SOURCE_VARIABLE: base64.b64encode(zlib.compress(source.encode(), 9)).decode(),
-        COMPILED_VARIABLE: base64.b64encode(zlib.compress(compiled, 9)).decode(),
-    }
+    return {**_parts(SOURCE_VARIABLE, source.encode()), **_parts(COMPILED_VARIABLE, compiled)}
+
+
+def _parts(name: str, data: bytes) -> dict[str, str]:
+    text = base64.b64encode(zlib.compress(data, 9)).decode()
+    parts = [text[start : start + MAX_VARIABLE_CHARS] for start in range(0, len(text), MAX_VARIABLE_CHARS)]
+    return {name: str(len(parts)), **{f"{name}{number}": part for number, part in enumerate(parts)}}
 
 
 def joined_source(folder: Traversable) -> str:

@@ -119,6 +119,8 @@ class UsedFile:
     """An installer's own file, proved by its content (``sandbox/inside/installer_files.py``)."""
     pth_files: tuple[str, ...] = ()
     """Of a ``.pth`` file: the files (not folders) its path lines put on Python's path."""
+    sha256: str = ""
+    """Its SHA-256 as the verifier loaded it, for changed code where packages put theirs (``sandbox/provenance.py``)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class WatchReport:
             UsedFile(item["path"], bool(item["exec"]), bytes.fromhex(item.get("magic") or ""),
                      None if item.get("head") is None else base64.b64decode(item["head"]), bool(item.get("during")),
                      bool(item.get("early", True)), bool(item.get("zip")), bool(item.get("proven")),
-                     tuple(item.get("pth_files") or ()))
+                     tuple(item.get("pth_files") or ()), item.get("sha256") or "")
             for item in reply.get("used", ())
         )  # fmt: skip
         relinked = tuple(_relink(item) for item in reply.get("relinked", ()))

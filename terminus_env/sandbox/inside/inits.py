@@ -23,7 +23,7 @@ from .kernel import (
     mount,
     unshare,
 )
-from .names import DECOY_MOUNTS, PRIVATE_MOUNTS, RUN_DIR, TESTS_FOLDER
+from .names import DECOY_MOUNTS, LOG_PREFIX, PRIVATE_MOUNTS, RUN_DIR, TESTS_FOLDER
 from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, credentials
 from .seccomp import confine
 
@@ -154,6 +154,11 @@ def _report_handover(command, main, handover, report):
             break
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
+    if verdict != "ready":  # after whatever the ENTRYPOINT wrote, on the same stream: the host reads the log up to here
+        try:
+            os.write(2, "{}handover {}\n".format(LOG_PREFIX, verdict).encode())
+        except OSError:
+            pass
     try:
         os.write(report, "handover {}\n".format(verdict).encode())
     finally:

@@ -5,6 +5,7 @@ import os
 import signal
 import stat
 
+from .packages import op_packages
 from .private_folders import _b64, _read_fd
 from .terminal import op_capture, op_commands, op_send, op_step, op_tmux
 from .verify import op_verify
@@ -62,4 +63,5 @@ def op_ping(daemon, req):
 OPS = {
     "exec": op_exec, "verify": op_verify, "tmux": op_tmux, "commands": op_commands, "send": op_send, "step": op_step,
     "capture": op_capture, "read": op_read, "stop_agent": op_stop_agent, "ping": op_ping, "lookup": op_lookup,
+    "packages": op_packages,
 }  # fmt: skip

@@ -13,6 +13,7 @@ import time
 from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
 from .kernel import _libc
 from .names import RUN_DIR, TESTS_FOLDER
+from .packages import packaged_candidate, sha256_of
 from .private_folders import _b64
 from .processes import _stat_fields
 
@@ -209,6 +210,8 @@ class OpenWatch:
                 record["proven"] = proven_installer_file(record["path"], _read_whole(fd, info.st_size))
             if record["path"].endswith(".pth"):
                 record["pth_files"] = _pth_files(record["path"], record["head"])
+        if "sha256" not in record and changed and _is_code(record) and packaged_candidate(record["path"]):
+            record["sha256"] = sha256_of(fd, info.st_size)  # as loaded: the host may prove it a package's own
         if _is_code(record) and changed and not record.get("proven"):
             start = _start_time(pid)
             if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
@@ -342,7 +345,8 @@ class OpenWatch:
                 used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
                              "head": _b64(head) if wide else None, "during": during, "early": record["early"],
                              "zip": bool(record.get("zip")), "proven": bool(record.get("proven")),
-                             "pth_files": record.get("pth_files", []), "tainted": key in self.written["tainted"]})
+                             "pth_files": record.get("pth_files", []), "tainted": key in self.written["tainted"],
+                             "sha256": record.get("sha256")})
         early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
         if len(early_code) > MAX_EARLY_CODE:
             self.complete = False

@@ -1,0 +1,249 @@
+"""The I/O around ``provenance.py``: the daemon's facts, the image's keyrings and sources as built, gpgv's check,
+and the archives the container no longer holds, fetched from the image's own mirror (checked by their signed hash).
+
+Anything that fails here keeps the findings as they are (fail closed): a proof the host cannot finish is no proof.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import hashlib
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.errors import DockerException, NotFound
+
+from terminus_env.sandbox.errors import SandboxError
+from terminus_env.sandbox.owner import Owner, new_run_id
+from terminus_env.sandbox.provenance import (
+    Archive,
+    PackageFacts,
+    candidates,
+    missing_archives,
+    proven,
+    release_hashes,
+    without_proven,
+)
+from terminus_env.sandbox.tamper import Finding, WatchReport
+
+__all__ = ["KEYRING_PLACES", "SOURCE_PLACES", "ImageTrust", "dearmored", "image_trust", "lift_packaged", "signed_text"]
+
+KEYRING_PLACES = ("/etc/apt/trusted.gpg", "/etc/apt/trusted.gpg.d", "/etc/apt/keyrings", "/usr/share/keyrings")
+"""Where apt finds the keys it trusts (a source's ``signed-by`` names a file in one of the last two)."""
+SOURCE_PLACES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d")
+FETCH_WAIT_S = 60.0
+MAX_FETCHED = 16
+"""Archives fetched for one grading at most (each owner of a candidate has one or two: its suite and its updates)."""
+MAX_FETCHED_BYTES = 256 << 20
+MAX_KEPT_BYTES = 256 << 20
+"""Fetched archives are kept in memory, by hash, up to this much: the next episode's grading needs the same ones."""
+PACKAGES_WAIT_S = 120.0
+"""How long the daemon may take to gather the facts (it walks the file system for the archives)."""
+GPGV_WAIT_S = 60.0
+MAX_KEYRING_BYTES = 8 << 20
+_trust: dict[str, ImageTrust] = {}
+_trust_lock = threading.Lock()
+_fetched: dict[str, bytes] = {}
+_fetched_lock = threading.Lock()
+
+Request = Callable[..., Awaitable[dict[str, Any]]]
+
+
+async def lift_packaged(
+    findings: tuple[Finding, ...], report: WatchReport, request: Request, client: docker.DockerClient,
+    container_id: str,
+) -> tuple[Finding, ...]:  # fmt: skip
+    """``findings`` less those on files and links proved a package's own (``provenance.py``); ``request`` asks the
+    container's daemon."""
+    wanted = candidates(findings, report)
+    if not wanted.paths:
+        return findings
+    try:
+        facts = PackageFacts.from_reply(await request("packages", PACKAGES_WAIT_S, paths=list(wanted.paths)))
+        trust = await asyncio.to_thread(_trust_of, client, container_id)
+        signed = frozenset().union(*[
+            release_hashes(text)
+            for text in await asyncio.gather(*(asyncio.to_thread(signed_text, data, trust.keyrings)
+                                               for _, data in facts.releases))  # fmt: skip
+            if text is not None
+        ])  # fmt: skip
+        done = await asyncio.to_thread(proven, facts, signed, wanted)
+        if len(done) < len(wanted.paths):  # archives the container no longer holds, from the image's mirror
+            fetched = await asyncio.to_thread(_fetch_all, missing_archives(facts, signed, trust.mirrors))
+            if fetched:
+                facts = dataclasses.replace(facts, archives=(*facts.archives, *fetched))
+                done = await asyncio.to_thread(proven, facts, signed, wanted)
+    except (SandboxError, DockerException, OSError, KeyError, ValueError):
+        return findings
+    return without_proven(findings, done)
+
+
+@dataclass(frozen=True)
+class ImageTrust:
+    """What the image, as built, says apt may trust: its keys (binary) and its sources' addresses."""
+
+    keyrings: tuple[bytes, ...] = ()
+    mirrors: tuple[str, ...] = ()
+
+
+def _trust_of(client: docker.DockerClient, container_id: str) -> ImageTrust:
+    return image_trust(client, client.api.inspect_container(container_id)["Image"])
+
+
+def image_trust(client: docker.DockerClient, image: str) -> ImageTrust:
+    """The keys and sources of apt in ``image`` as it was built (read from a container made from it and never
+    started, so nothing a sandbox's agent did can change them); cached by image."""
+    with _trust_lock:
+        if image in _trust:
+            return _trust[image]
+    container = client.api.create_container(image, command=["true"], network_disabled=True,
+                                            labels=Owner.current().labels(new_run_id()))  # fmt: skip
+    try:
+        keys: list[bytes] = []
+        for place in KEYRING_PLACES:
+            keys.extend(_key_files(_archive(client, container["Id"], place)))
+        mirrors: list[str] = []
+        for place in SOURCE_PLACES:
+            mirrors.extend(_source_uris(_archive(client, container["Id"], place)))
+    finally:
+        client.api.remove_container(container["Id"], force=True)
+    trust = ImageTrust(tuple(keys), tuple(dict.fromkeys(mirrors)))
+    with _trust_lock:
+        _trust[image] = trust
+    return trust
+
+
+def _archive(client: docker.DockerClient, container: str, place: str) -> bytes:
+    try:
+        stream, _ = client.api.get_archive(container, place)
+    except NotFound:
+        return b""
+    return b"".join(stream)
+
+
+def _files(archive: bytes) -> list[tuple[str, bytes]]:
+    """The regular files of a tar (small ones only), by name."""
+    if not archive:
+        return []
+    found: list[tuple[str, bytes]] = []
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for info in tar:
+            handle = tar.extractfile(info) if info.isfile() and info.size <= MAX_KEYRING_BYTES else None
+            if handle is not None:
+                found.append((info.name, handle.read()))
+    return found
+
+
+def _key_files(archive: bytes) -> list[bytes]:
+    """The keyrings in a tar of one of apt's key places: ``*.gpg`` as they are, ``*.asc`` unwrapped; Debian's
+    keyring of withdrawn keys is left out."""
+    keys: list[bytes] = []
+    for name, data in _files(archive):
+        if "removed" in name:
+            continue
+        if name.endswith(".asc"):
+            keys.extend(dearmored(data))
+        elif name.endswith(".gpg"):
+            keys.append(data)
+    return keys
+
+
+def _source_uris(archive: bytes) -> list[str]:
+    """The addresses of the sources in a tar of one of apt's source places: one-line ``deb [options] URI suite``
+    files and deb822 ``.sources`` files (``URIs:``)."""
+    uris: list[str] = []
+    for name, data in _files(archive):
+        for line in data.decode("utf-8", "replace").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if name.endswith(".sources") and line.lower().startswith("uris:"):
+                uris.extend(line.split(":", 1)[1].split())
+            elif (name.endswith(".list") or name.endswith("sources.list")) and line.startswith("deb "):
+                words = re.sub(r"\[[^\]]*\]", " ", line).split()
+                if len(words) >= 2:
+                    uris.append(words[1])
+    return uris
+
+
+def _fetch_all(addresses: Mapping[str, str]) -> tuple[Archive, ...]:
+    """The archives at ``addresses`` (hash: address) whose bytes have that hash; at most MAX_FETCHED of them."""
+    fetched = []
+    for digest, address in list(addresses.items())[:MAX_FETCHED]:
+        data = _fetch(address, digest)
+        if data is not None:
+            fetched.append(Archive(address, True, data))
+    return tuple(fetched)
+
+
+def _fetch(address: str, digest: str) -> bytes | None:
+    with _fetched_lock:
+        if digest in _fetched:
+            return _fetched[digest]
+    try:
+        with urllib.request.urlopen(address, timeout=FETCH_WAIT_S) as answer:  # noqa: S310 (http or https only)
+            data = answer.read(MAX_FETCHED_BYTES + 1)
+    except (OSError, ValueError):
+        return None
+    if len(data) > MAX_FETCHED_BYTES or hashlib.sha256(data).hexdigest() != digest:
+        return None
+    with _fetched_lock:
+        _fetched[digest] = data
+        while sum(len(kept) for kept in _fetched.values()) > MAX_KEPT_BYTES and len(_fetched) > 1:
+            _fetched.pop(next(iter(_fetched)))
+    return data
+
+
+def dearmored(text: bytes) -> list[bytes]:
+    """The binary key blocks of an ASCII-armored file (gpgv reads binary keyrings only)."""
+    blocks: list[bytes] = []
+    lines = text.decode("ascii", "replace").splitlines()
+    index = 0
+    while index < len(lines):
+        if not lines[index].startswith("-----BEGIN PGP PUBLIC KEY BLOCK"):
+            index += 1
+            continue
+        index += 1
+        while index < len(lines) and lines[index].strip():  # the armor's headers, up to a blank line
+            index += 1
+        body: list[str] = []
+        while index < len(lines) and not lines[index].startswith(("=", "-----END")):
+            body.append(lines[index].strip())
+            index += 1
+        try:
+            blocks.append(base64.b64decode("".join(body), validate=True))
+        except binascii.Error:
+            pass
+    return blocks
+
+
+def signed_text(release: bytes, keyrings: Sequence[bytes]) -> bytes | None:
+    """The text of a clear-signed release file, if a key of ``keyrings`` signed it (gpgv says so), else None."""
+    program = shutil.which("gpgv")
+    if program is None or not keyrings:
+        return None
+    with tempfile.TemporaryDirectory(prefix="terminus-gpgv-") as home:
+        args = [program, "--homedir", home, "--quiet", "--output", "-"]
+        for number, key in enumerate(keyrings):
+            path = Path(home) / f"key{number}.gpg"
+            path.write_bytes(key)
+            args += ["--keyring", str(path)]
+        signed = Path(home) / "InRelease"
+        signed.write_bytes(release)
+        try:
+            done = subprocess.run([*args, str(signed)], capture_output=True, timeout=GPGV_WAIT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+    return done.stdout if done.returncode == 0 else None
