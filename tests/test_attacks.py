@@ -417,13 +417,17 @@ def test_one_file_larger_than_storage_mb_is_refused_outright(task):
 
 @pytest.mark.parametrize(
     "breaking",
-    ["exit\n", "C-d", "kill -9 -1\n", "tmux -L terminus kill-server\n"],
-    ids=["exit", "ctrl-d", "kill-all", "tmux-kill-server"],
+    ["exit\n", "C-d", "kill -9 -1\n", "tmux -L terminus kill-server\n", "pkill -STOP tmux\n",
+     # The same stop, by a process an earlier turn left behind, finding tmux through /proc.
+     "(sleep 2; for p in /proc/[0-9]*; do grep -q ^tmux $p/comm && kill -STOP ${p#/proc/}; done) > /dev/null 2>&1 &\n"],
+    ids=["exit", "ctrl-d", "kill-all", "tmux-kill-server", "tmux-stopped", "tmux-stopped-between-turns"],
 )
 def test_breaking_the_terminal_is_the_agents_failure_graded_as_it_stands(task, breaking):
+    """Whatever ends or stalls the agent's own terminal (a stopped tmux server leaves the daemon's request
+    unanswered) is the agent's failure: never a masked episode."""
     with started(task, mode="train") as env:
         env.step(reply(WRITE))
-        _, reward, terminated, truncated, info = play(env, [reply(breaking), reply("ls\n"), reply("ls\n")])
+        _, reward, terminated, truncated, info = play(env, [reply(breaking), reply("sleep 5\n"), reply("ls\n")])
     assert terminated and not truncated and info["end_reason"] == EndReason.SHELL_LOST
     assert info["masked"] is False and info["episode"]["fault"] == Fault.AGENT
     assert info["episode"]["graded"] and reward == 1.0, "the task was solved before the shell was broken"

@@ -26,16 +26,20 @@ from terminus_env.sandbox.channel import (
     direct_unreachable,
     reap_folders,
 )
+from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import (
     AgentCaused,
     BrokenByAgent,
     DaemonFailed,
+    DaemonUnanswered,
     ResourcesExhausted,
     SandboxError,
 )
+from terminus_env.sandbox.images import BASE_IMAGE
 from terminus_env.sandbox.inside.channel import take_channel
 from terminus_env.sandbox.inside.names import DIRECT
-from terminus_env.sandbox.owner import process_start
+from terminus_env.sandbox.owner import Owner, process_start
+from terminus_env.sandbox.sandbox import _runs_unheld
 
 LOCAL = {"Name": "box", "DockerRootDir": "/var/lib/docker", "SecurityOptions": ["name=seccomp,profile=default"]}
 
@@ -205,6 +209,49 @@ def test_a_failed_request_is_the_agents_unless_the_host_can_show_otherwise(
 
     error = asyncio.run(scenario())
     assert type(error) is raised and isinstance(error, AgentCaused) and reply["error"] in str(error)
+
+
+@pytest.mark.parametrize("running_unheld, raised", [
+    (None, SandboxError),  # before the agent exists: nothing of its ran
+    (lambda: True, DaemonUnanswered),  # the container ran unpaused: the agent's processes stalled the daemon
+    (lambda: False, SandboxError),  # paused, stopped or the engine gone: the host's
+])  # fmt: skip
+def test_an_unanswered_request_is_the_agents_unless_the_container_was_held_from_outside(
+    tmp_path: Path, running_unheld: Any, raised: type[SandboxError]
+) -> None:
+    """An agent that stops its own tmux server (``kill -STOP``) or takes the daemon's CPU leaves a request
+    unanswered; that must not turn its 0 into a masked episode (the attack itself: ``test_attacks.py``'s
+    ``tmux-stopped``)."""
+
+    async def scenario() -> BaseException:
+        channel = Channel(asyncio.StreamReader(), Writer(), ChannelFolder.make(tmp_path))  # type: ignore[arg-type]
+        channel.unanswered_is_agents = running_unheld
+        try:
+            await channel.request("step", 0.01)
+        except SandboxError as exc:
+            return exc
+        finally:
+            await channel.close()
+        raise AssertionError("the unanswered request raised nothing")
+
+    error = asyncio.run(scenario())
+    assert type(error) is raised and "did not answer 'step'" in str(error)
+
+
+def test_a_paused_container_is_held_from_outside_and_a_running_one_is_not(docker_required: None) -> None:
+    client = connect()
+    container = client.containers.run(BASE_IMAGE, ["sleep", "300"], detach=True, labels=Owner.current().labels("t"))
+    try:
+        assert _runs_unheld(client, container.id)
+        container.pause()
+        assert not _runs_unheld(client, container.id)
+        container.unpause()
+        container.kill()
+        container.wait()
+        assert not _runs_unheld(client, container.id)
+    finally:
+        container.remove(force=True)
+    assert not _runs_unheld(client, container.id)  # gone
 
 
 def test_no_connection_is_lost_when_the_wait_for_it_times_out_as_it_arrives(

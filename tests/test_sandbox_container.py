@@ -441,7 +441,9 @@ def test_reaper_removes_containers_of_dead_owners_only(client: docker.DockerClie
         )  # fmt: skip
         made.append(container.id)
     try:
-        assert reap(client=client) >= 1
+        # Another process's reaper (any sandbox start runs one) may take the dead owner's container first: what
+        # holds is that it is gone once a reap has run, and the living owner's stays.
+        reap(client=client)
         with pytest.raises(docker.errors.NotFound):
             client.api.inspect_container(made[0])
         assert client.api.inspect_container(made[1])["State"]["Running"]

@@ -4,6 +4,7 @@ from terminus_env.sandbox.errors import (
     AgentCaused,
     BrokenByAgent,
     DaemonFailed,
+    DaemonUnanswered,
     DiskLimitExceeded,
     DockerUnavailable,
     ImageBuildError,
@@ -26,8 +27,8 @@ from terminus_env.sandbox.spec import SandboxSpec
 from terminus_env.sandbox.terminal import Terminal, TerminalOutput
 
 __all__ = [
-    "BASE_IMAGE", "AgentCaused", "BrokenByAgent", "DaemonFailed", "DiskLimitExceeded", "DockerUnavailable",
-    "ExecResult", "ImageBuildError", "ResourcesExhausted", "Sandbox", "SandboxError", "SandboxLost", "SandboxPool",
-    "SandboxSpec", "Terminal", "TerminalGone", "TerminalOutput", "VerifierRun", "ensure_base_image", "ensure_image",
-    "ensure_prebuilt", "ensure_sidecar_image", "reap",
+    "BASE_IMAGE", "AgentCaused", "BrokenByAgent", "DaemonFailed", "DaemonUnanswered", "DiskLimitExceeded",
+    "DockerUnavailable", "ExecResult", "ImageBuildError", "ResourcesExhausted", "Sandbox", "SandboxError",
+    "SandboxLost", "SandboxPool", "SandboxSpec", "Terminal", "TerminalGone", "TerminalOutput", "VerifierRun",
+    "ensure_base_image", "ensure_image", "ensure_prebuilt", "ensure_sidecar_image", "reap",
 ]  # fmt: skip

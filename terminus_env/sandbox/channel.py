@@ -39,7 +39,14 @@ from docker.types import Mount
 from terminus_env import config
 from terminus_env.config import ConfigError
 from terminus_env.sandbox.cleanup import REGISTRY
-from terminus_env.sandbox.errors import BrokenByAgent, DaemonFailed, ResourcesExhausted, SandboxError, SandboxLost
+from terminus_env.sandbox.errors import (
+    BrokenByAgent,
+    DaemonFailed,
+    DaemonUnanswered,
+    ResourcesExhausted,
+    SandboxError,
+    SandboxLost,
+)
 from terminus_env.sandbox.owner import Owner, host_id
 
 LOG_PREFIX = "terminus-env: "
@@ -126,6 +133,9 @@ class Channel:
         self._closed_reason: str | None = None
         self.dropped_lines = 0
         """Lines on the daemon's stdout that were not a reply to a pending request."""
+        self.unanswered_is_agents: Callable[[], bool] | None = None
+        """Once the agent exists: whether a request the daemon did not answer in time is the agent's doing (asked in
+        a thread; see ``DaemonUnanswered``). Before, it is the infrastructure's: nothing of the agent's ran yet."""
         reading = self._read_frames() if folder is None else self._read_lines()
         self._pump = asyncio.get_running_loop().create_task(reading)
 
@@ -170,6 +180,12 @@ class Channel:
             await self._writer.drain()
             reply = await asyncio.wait_for(future, wait_s)
         except asyncio.TimeoutError:  # before OSError: on Python 3.11 a TimeoutError is an OSError
+            blame = self.unanswered_is_agents
+            if blame is not None and await asyncio.to_thread(blame):
+                raise DaemonUnanswered(
+                    f"the sandbox daemon did not answer {op!r} within {wait_s:g} s in a running, unpaused container: "
+                    "the agent's processes stalled it (its terminal stopped, or its CPU taken)"
+                ) from None
             raise SandboxError(
                 f"the sandbox daemon did not answer {op!r} within {wait_s:g} s (is the container paused?); "
                 "close this sandbox and start a new one"

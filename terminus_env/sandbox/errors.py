@@ -72,6 +72,14 @@ class DaemonFailed(AgentCaused):
     ends no episode: ``reset`` raises it, and the runner masks the rollout."""
 
 
+class DaemonUnanswered(AgentCaused):
+    """The sandbox's daemon did not answer a request within its bound, in a container that ran unpaused. The agent's
+    processes share the daemon's CPU and hold what it waits on (the terminal's tmux server, which one ``kill -STOP``
+    stalls), and the host cannot prove another cause, so it counts as the agent's (fail closed: otherwise stalling
+    one's own terminal would turn any 0 into a masked episode). A paused container, or an engine that no longer
+    answers, is the infrastructure's: the request then raises a plain :class:`SandboxError`."""
+
+
 class ResourcesExhausted(AgentCaused):
     """Nothing more could start in the sandbox: the agent's processes used up its pids or memory."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import math
 import time
 import weakref
@@ -109,6 +110,7 @@ class Sandbox:
         self._layer = layer
         self._disk = disk_watch(client, layer.engine)
         self._disk.add(layer, self._on_disk_over)
+        channel.unanswered_is_agents = functools.partial(_runs_unheld, client, container_id)  # the agent exists now
 
     @classmethod
     async def start(cls, spec: SandboxSpec, *, client: docker.DockerClient | None = None) -> Sandbox:
@@ -508,6 +510,15 @@ def _handover_failure(client: docker.DockerClient, container_id: str, spec: Sand
         f"the ENTRYPOINT of image {spec.image!r} {what}; it must end by running its arguments (e.g. `exec \"$@\"`). "
         + (f"Its output:\n{logs}" if logs else "It wrote nothing.")
     )
+
+
+def _runs_unheld(client: docker.DockerClient, container_id: str) -> bool:
+    """Whether the container runs, unpaused, and the engine answers: then nothing outside it held its daemon."""
+    try:
+        state = client.api.inspect_container(container_id).get("State") or {}
+    except DockerException:
+        return False
+    return bool(state.get("Running")) and not state.get("Paused")
 
 
 def _log_through(client: docker.DockerClient, container_id: str, marker: str, wait_s: float = 10.0) -> list[str]:
