@@ -158,14 +158,13 @@ class Failure(_Named):
     """Docker failed, the host's side raised, or the container was stopped from outside."""
 
 
-def lost_by_agent(running: bool, oom_killed: bool, daemon_stderr: str) -> bool:
+def lost_by_agent(running: bool, oom_killed: bool) -> bool:
     """Whether a lost control daemon was the agent's doing. Nothing inside the container can see or signal the
     daemon, the container's init or its main process, and the OOM killer takes every process of the agent's and
-    the verifier's first (``sandbox/inside/processes.py``); a traceback of ours in the daemon's stderr is our bug.
-    So a daemon that died while its container runs did so under the memory the agent holds, and a container that
-    ended was stopped from outside (Docker, the host, its lifetime), unless Docker says the OOM killer ended it."""
-    if "Traceback" in daemon_stderr:
-        return False
+    the verifier's first (``sandbox/inside/processes.py``). So a daemon that died while its container runs did so
+    under the memory the agent holds, or on state the agent made (a traceback of ours in its stderr does not show
+    which: fail closed), and a container that ended was stopped from outside (Docker, the host, its lifetime),
+    unless Docker says the OOM killer ended it."""
     return running or oom_killed
 
 

@@ -1,7 +1,8 @@
 """Per-batch rollout metrics: the numbers worth plotting at every training step.
 
-The format-error figures come from the seed's lesson: a rising ``mean_opening_streak`` with
-``rescued_rate > 0`` means the policy is learning to waste its first turn.
+The format-error figures are there to catch one failure of training early: a rising ``mean_opening_streak`` with
+``rescued_rate > 0`` means the policy is learning to waste its first turn on a malformed reply that lenient parsing
+rescues.
 """
 
 from __future__ import annotations

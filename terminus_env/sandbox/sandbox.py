@@ -300,7 +300,7 @@ class Sandbox:
             return False  # removed, or Docker failed: nothing inside a container can remove it
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
-        return lost_by_agent(running, bool(state.get("OOMKilled")), self.daemon_stderr)
+        return lost_by_agent(running, bool(state.get("OOMKilled")))
 
     @property
     def daemon_stderr(self) -> str:

@@ -292,6 +292,11 @@ class ServingPool:
         state.turns += 1
         return dataclasses.replace(completion, policy_version=version, max_model_len=limit)
 
+    @property
+    def requests_at_replicas(self) -> int:
+        """Requests sent to a replica and not answered yet: a weight sync waits for these to finish."""
+        return self._requests
+
     async def _at_replica(self, replica: str, messages: list[dict], max_tokens: int, sampling: dict) -> Completion:
         """One request at a replica, counted so that a weight sync can wait for it to finish."""
         self._requests += 1

@@ -104,7 +104,7 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
         refused = [f"{path}: {why}" for path, why in run.refused.items() if path in (REWARD_TXT, REWARD_JSON)]
         reason = "; ".join(refused) if refused and reward == 0.0 else reason
-    # The first failing test: from the CTRF report if the verifier wrote one, else from its output (issue 11a).
+    # The first failing test: from the CTRF report if the verifier wrote one, else from its output.
     failure = first_failure(output, run.files.get(CTRF_REPORT))
     return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering, files)
 

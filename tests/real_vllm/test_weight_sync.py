@@ -9,32 +9,20 @@ from transformers import AutoModelForCausalLM
 from vllm_support import MODEL_NAME, expected_logprobs, perturbed, probe
 
 from terminus_env.serving import ReplicaClient, ServingPool
-from terminus_env.serving.client import ReplicaUnavailable
 from terminus_env.serving.weight_sync import CheckpointReload
 
 
-async def running_in_an_engine(urls: list[str], request: asyncio.Task) -> None:
-    """Until a replica's engine runs a request (vLLM's ``num_requests_running``): ``request``, the only one sent. The
-    clients stay open and the scrapes follow each other closely: on a quiet machine the tiny model writes a long
-    reply in a second or two. A scrape that times out is only a missed look, not the test's failure: a CPU replica
-    busy with the long reply accepted no connection for 5 s once, at load 12."""
-    clients = [ReplicaClient(url, connect_timeout_s=60.0) for url in urls]
-    try:
-        while not request.done():
-            for client in clients:
-                try:
-                    if (await client.metrics())["0"].num_requests_running > 0:
-                        return
-                except ReplicaUnavailable:
-                    continue
-            await asyncio.sleep(0.01)
-    finally:
-        for client in clients:
-            await client.aclose()
-    raise AssertionError(f"the request ended before any engine was seen running it: {request.result()}")
+async def sent_to_a_replica(pool: ServingPool, request: asyncio.Task) -> None:
+    """Until the pool has sent ``request``, the only one, to a replica: from then on a weight sync waits for it to
+    finish. (Watching for it in an engine's ``/metrics`` raced the reply: a replica busy writing it answered no
+    scrape before it was done, on a loaded host.)"""
+    while pool.requests_at_replicas == 0:
+        if request.done():
+            raise AssertionError(f"the request ended before it was sent: {request.result()}")
+        await asyncio.sleep(0)  # the same event loop: the request's task runs up to its HTTP call in between
 
 
-LONG_TOKENS = 4000  # the in-flight reply: as long as the fleet's context allows (4,096), so it is seen running
+LONG_TOKENS = 4000  # the in-flight reply: as long as the fleet's context allows (4,096), still running at the sync
 
 
 def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versions(fleet, model_dir, tmp_path):
@@ -51,7 +39,7 @@ def test_sync_weights_loads_every_replica_resets_the_prefix_cache_and_tags_versi
                 in_flight = asyncio.create_task(
                     pool.chat("long", [{"role": "user", "content": "go"}], max_tokens=LONG_TOKENS, ignore_eos=True)
                 )
-                await running_in_an_engine(fleet.urls, in_flight)  # at the replica when the sync starts
+                await sent_to_a_replica(pool, in_flight)  # at the replica when the sync starts
                 sync = asyncio.create_task(pool.sync_weights(CheckpointReload(str(tmp_path / "step-1")), version=1))
                 await asyncio.sleep(0)
                 async with pool.session("during"):  # held until the new weights are in
