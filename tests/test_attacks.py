@@ -286,8 +286,11 @@ def test_the_root_folder_holds_still_while_the_verifier_runs(tmp_path):
 def test_a_preloaded_library_is_caught(pytest_task, tmp_path):
     """/etc/ld.so.preload names a library the loader puts into every program; this one makes Python exit 0."""
     library = quiet_library(tmp_path)
-    keys = f"echo {library} | base64 -d > /usr/local/lib/libquiet.so && echo /usr/local/lib/libquiet.so > " \
-           "/etc/ld.so.preload; echo planted=$?\n"  # fmt: skip
+    # In lines of 76, as base64 writes them: bash's line editor slows down with the length of the line it edits, and
+    # typing the 16 kB as one line took over a minute at load 24.
+    lines = "\n".join(library[start : start + 76] for start in range(0, len(library), 76))
+    keys = f"base64 -d > /usr/local/lib/libquiet.so <<'EOF'\n{lines}\nEOF\n" \
+           "echo /usr/local/lib/libquiet.so > /etc/ld.so.preload; echo planted=$?\n"  # fmt: skip
     obs, reward, info = cheat(pytest_task, keys)
     assert "planted=0" in obs
     assert_caught(reward, info, "startup_hook")
