@@ -84,9 +84,8 @@ async def lift_packaged(
         done = await asyncio.to_thread(proven, facts, signed, wanted)
         if len(done) < len(wanted.paths):  # archives the container no longer holds, from the image's mirror
             fetched = await asyncio.to_thread(_fetch_all, missing_archives(facts, signed, trust.mirrors))
-            if fetched:
-                facts = dataclasses.replace(facts, archives=(*facts.archives, *fetched))
-                done = await asyncio.to_thread(proven, facts, signed, wanted)
+            if fetched:  # a proof is per archive: only the fetched ones are left to read
+                done |= await asyncio.to_thread(proven, dataclasses.replace(facts, archives=fetched), signed, wanted)
     except (SandboxError, DockerException, OSError, KeyError, ValueError):
         return findings
     return without_proven(findings, done)
