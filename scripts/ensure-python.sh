@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Make sure python3 (3.10+) can create virtual environments, and that gpgv is there (the grade checks Debian's signed
-# package indices with it, sandbox/package_proof.py); on Debian/Ubuntu as root, install what is missing.
+# Make sure python3 (3.10+) can create virtual environments, and that gpgv and zstd are there (the grade checks
+# Debian's signed package indices with gpgv and opens Ubuntu's zstd archives with zstd, sandbox/package_proof.py);
+# on Debian/Ubuntu as root, install what is missing.
 set -euo pipefail
 
 need=()
 command -v gpgv >/dev/null 2>&1 || need+=(gpgv)
+command -v zstd >/dev/null 2>&1 || need+=(zstd)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 if command -v python3 >/dev/null 2>&1; then
     python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {

@@ -10,11 +10,13 @@ import base64
 import gzip
 import hashlib
 import io
+import lzma
+import subprocess
 import tarfile
 from pathlib import Path
 
 from terminus_env.sandbox.inside import packages as inside_packages
-from terminus_env.sandbox.package_proof import dearmored
+from terminus_env.sandbox.package_proof import dearmored, unzstd
 from terminus_env.sandbox.provenance import (
     PACKAGED_DIRS,
     Archive,
@@ -39,8 +41,9 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def deb(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
-    """A package archive as dpkg-deb makes one: ``ar`` holding debian-binary, control.tar.xz and data.tar.xz."""
+def deb(files: dict[str, bytes], links: dict[str, str] | None = None, *, zstd: bool = False) -> bytes:
+    """A package archive as dpkg-deb makes one: ``ar`` holding debian-binary, control.tar.xz and data.tar.xz (or
+    data.tar.zst, as Ubuntu's are)."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w:xz") as tar:
         for path, content in files.items():
@@ -51,7 +54,12 @@ def deb(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
             info = tarfile.TarInfo("." + path)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b""), ("data.tar.xz", data.getvalue())]
+    payload = ("data.tar.xz", data.getvalue())
+    if zstd:
+        plain = lzma.decompress(data.getvalue())
+        packed = subprocess.run(["zstd", "-c"], input=plain, capture_output=True, check=True).stdout
+        payload = ("data.tar.zst", packed)
+    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b""), payload]
     out = bytearray(b"!<arch>\n")
     for name, body in members:
         out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode()
@@ -112,6 +120,16 @@ def test_a_file_whose_bytes_are_not_the_members_is_not_proved_by_the_genuine_arc
     """The genuine package is there, but the file the verifier ran is the trojan in its place."""
     wanted = Candidates({"/usr/bin/gpgconf": sha(TROJAN)}, {})
     assert proven(facts(deb({"/usr/bin/gpgconf": GENUINE}), changed=False), frozenset(), wanted) == frozenset()
+
+
+def test_a_zstd_archive_is_read_through_the_decompressor_the_caller_lends() -> None:
+    """Ubuntu's archives hold data.tar.zst, which Python's tarfile cannot open: without the host's zstd there is no
+    proof (fail closed), with it the genuine file is proved and the trojan still is not."""
+    archive = facts(deb({"/usr/bin/gpgconf": GENUINE}, zstd=True), changed=False)
+    assert proven(archive, frozenset(), WANT_GPGCONF) == frozenset()
+    assert proven(archive, frozenset(), WANT_GPGCONF, unzstd) == {"/usr/bin/gpgconf"}
+    assert proven(archive, frozenset(), Candidates({"/usr/bin/gpgconf": sha(TROJAN)}, {}), unzstd) == frozenset()
+    assert unzstd(b"not a zstd stream") is None
 
 
 def test_genuine_bytes_prove_only_the_members_own_path() -> None:

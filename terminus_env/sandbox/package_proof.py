@@ -40,7 +40,10 @@ from terminus_env.sandbox.provenance import (
 )
 from terminus_env.sandbox.tamper import Finding, WatchReport
 
-__all__ = ["KEYRING_PLACES", "SOURCE_PLACES", "ImageTrust", "dearmored", "image_trust", "lift_packaged", "signed_text"]
+__all__ = [
+    "KEYRING_PLACES", "SOURCE_PLACES", "ImageTrust", "dearmored", "image_trust", "lift_packaged", "signed_text",
+    "unzstd",
+]  # fmt: skip
 
 KEYRING_PLACES = ("/etc/apt/trusted.gpg", "/etc/apt/trusted.gpg.d", "/etc/apt/keyrings", "/usr/share/keyrings")
 """Where apt finds the keys it trusts (a source's ``signed-by`` names a file in one of the last two)."""
@@ -81,14 +84,24 @@ async def lift_packaged(
                                                for _, data in facts.releases))  # fmt: skip
             if text is not None
         ])  # fmt: skip
-        done = await asyncio.to_thread(proven, facts, signed, wanted)
+        done = await asyncio.to_thread(proven, facts, signed, wanted, unzstd)
         if len(done) < len(wanted.paths):  # archives the container no longer holds, from the image's mirror
             fetched = await asyncio.to_thread(_fetch_all, missing_archives(facts, signed, trust.mirrors))
             if fetched:  # a proof is per archive: only the fetched ones are left to read
-                done |= await asyncio.to_thread(proven, dataclasses.replace(facts, archives=fetched), signed, wanted)
+                fresh = dataclasses.replace(facts, archives=fetched)
+                done |= await asyncio.to_thread(proven, fresh, signed, wanted, unzstd)
     except (SandboxError, DockerException, OSError, KeyError, ValueError):
         return findings
     return without_proven(findings, done)
+
+
+def unzstd(body: bytes) -> bytes | None:
+    """A zstd stream decompressed by the host's ``zstd`` (Debian's archives since trixie); None without it."""
+    program = shutil.which("zstd")
+    if program is None:
+        return None
+    done = subprocess.run([program, "-dc"], input=body, capture_output=True, check=False)
+    return done.stdout if done.returncode == 0 else None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Is code the verifier ran a Debian package's own? The proof's rules, over what the daemon gathered (no I/O but
-zstd's program, for archives Python cannot open).
+"""Is code the verifier ran a Debian package's own? The proof's rules, over what the daemon gathered (no I/O: the
+caller lends the decompressor of the archives Python cannot open, zstd's).
 
 A program the agent installed with apt and one it wrote into the same place are both code the agent provided: the
 watch cannot tell them apart, and the verifier's own tools run both (``apt-get update`` runs gpgconf, ``tar --zstd``
@@ -23,21 +23,20 @@ package's file proves only that it is that file; the rules that judge by place a
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import posixpath
-import shutil
-import subprocess
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from terminus_env.sandbox.tamper import Finding, TamperKind, WatchReport
 
 __all__ = [
-    "PACKAGED_DIRS", "PROVABLE", "Candidates", "PackageFacts", "candidates", "deb_members", "missing_archives",
-    "mirror_prefix", "proven", "release_hashes", "without_proven",
+    "PACKAGED_DIRS", "PROVABLE", "Candidates", "PackageFacts", "Unzstd", "candidates", "deb_members",
+    "missing_archives", "mirror_prefix", "proven", "release_hashes", "without_proven",
 ]  # fmt: skip
 
 PACKAGED_DIRS = ("/usr/bin/", "/usr/sbin/", "/usr/lib/", "/usr/libexec/", "/usr/share/", "/bin/", "/sbin/", "/lib/",
@@ -47,6 +46,8 @@ PACKAGED_DIRS = ("/usr/bin/", "/usr/sbin/", "/usr/lib/", "/usr/libexec/", "/usr/
 PROVABLE = frozenset({TamperKind.LOADED_BEFORE_TESTS, TamperKind.RUNTIME_MODIFIED})
 MAX_LINK_HOPS = 16
 AR_MAGIC = b"!<arch>\n"
+Unzstd = Callable[[bytes], "bytes | None"]
+"""Decompresses a zstd stream (None if it cannot): the one step of a proof that needs a program."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ class Archive:
     path: str
     changed: bool
     data: bytes
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -148,11 +153,14 @@ def canonical(path: str, merged: Iterable[str]) -> str:
     return path
 
 
-def deb_members(data: bytes, wanted: frozenset[str], merged: Iterable[str] = ()) -> dict[str, Member]:
+def deb_members(
+    data: bytes, wanted: frozenset[str], merged: Iterable[str] = (), unzstd: Unzstd | None = None
+) -> dict[str, Member]:
     """The members of a package archive's data (``ar`` holding ``data.tar.*``) by canonical path: links all, files
-    only where ``wanted`` (with their hashes). Empty if it is not an archive this can read."""
+    only where ``wanted`` (with their hashes). Empty if it is not an archive this can read (a zstd one without
+    ``unzstd``)."""
     merged = tuple(merged)
-    payload = _data_tar(data)
+    payload = _data_tar(data, unzstd)
     if payload is None:
         return {}
     members: dict[str, Member] = {}
@@ -172,8 +180,8 @@ def deb_members(data: bytes, wanted: frozenset[str], merged: Iterable[str] = ())
     return members
 
 
-def _data_tar(data: bytes) -> bytes | None:
-    """The data tar of an ``ar`` package archive, decompressed where Python cannot (zstd, through its program)."""
+def _data_tar(data: bytes, unzstd: Unzstd | None) -> bytes | None:
+    """The data tar of an ``ar`` package archive, decompressed where Python cannot (zstd, through ``unzstd``)."""
     if not data.startswith(AR_MAGIC):
         return None
     offset = len(AR_MAGIC)
@@ -187,16 +195,10 @@ def _data_tar(data: bytes) -> bytes | None:
         body = data[offset + 60 : offset + 60 + size]
         offset += 60 + size + (size & 1)
         if name.startswith("data.tar"):
-            return _unzstd(body) if name.endswith(".zst") else body
+            if not name.endswith(".zst"):
+                return body
+            return unzstd(body) if unzstd is not None else None
     return None
-
-
-def _unzstd(body: bytes) -> bytes | None:
-    program = shutil.which("zstd")
-    if program is None:
-        return None
-    done = subprocess.run([program, "-dc"], input=body, capture_output=True, check=False)
-    return done.stdout if done.returncode == 0 else None
 
 
 def _resolve(members: Mapping[str, Member], path: str, merged: Iterable[str]) -> str | None:
@@ -227,7 +229,7 @@ def missing_archives(facts: PackageFacts, signed: frozenset[str], mirrors: Itera
     """The archives that signed indices list for the candidates' owners but that the container no longer holds (an
     image whose apt deletes them after each install), by hash: the address on the image's own mirror that the index
     came from (``mirrors``: the image's sources as built, never the container's)."""
-    held = {hashlib.sha256(archive.data).hexdigest() for archive in facts.archives}
+    held = {archive.sha256 for archive in facts.archives}
     prefixes = sorted(((mirror_prefix(uri), uri) for uri in mirrors), key=lambda pair: -len(pair[0] or ""))
     wanted: dict[str, str] = {}
     for index in facts.indices:
@@ -243,17 +245,19 @@ def missing_archives(facts: PackageFacts, signed: frozenset[str], mirrors: Itera
     return wanted
 
 
-def proven(facts: PackageFacts, signed: frozenset[str], wanted: Candidates) -> frozenset[str]:
+def proven(
+    facts: PackageFacts, signed: frozenset[str], wanted: Candidates, unzstd: Unzstd | None = None
+) -> frozenset[str]:
     """The candidates that are a trusted archive's own: ``signed`` holds the hashes that release files signed by a
-    key of the image list (``release_hashes`` of what gpgv vouched for)."""
+    key of the image list (``release_hashes`` of what gpgv vouched for); ``unzstd`` opens zstd archives."""
     listed = {digest for index in facts.indices if index.sha256 in signed for digest in index.listed}
     files = {canonical(path, facts.merged): path for path in wanted.files}
     links = {canonical(path, facts.merged): path for path in wanted.links}
     done: set[str] = set()
     for archive in facts.archives:
-        if archive.changed and hashlib.sha256(archive.data).hexdigest() not in listed:
+        if archive.changed and archive.sha256 not in listed:
             continue
-        members = deb_members(archive.data, frozenset(files), facts.merged)
+        members = deb_members(archive.data, frozenset(files), facts.merged, unzstd)
         for path, original in files.items():
             member = members.get(path)
             if member is not None and member.sha256 == wanted.files[original]:
