@@ -87,6 +87,39 @@ def test_an_entrypoint_can_write_etc_hosts_and_leave_a_server_running(run: Runne
     assert fetched.strip() == "ready"
 
 
+def test_a_server_the_entrypoint_starts_is_listening_when_the_agents_first_command_runs(run: Runner, image) -> None:
+    """harbor-cookbook's dns-blacklisting starts its server in the background and hands over at once; its solution's
+    first command queries that server. Harbor's agent starts seconds later, after its set-up; ours could start
+    before the server listened, and the correct solution earned 0. The start now waits until what the ENTRYPOINT
+    left running is quiet (this server takes a second of CPU before it listens), so one try must connect."""
+    tag = image(
+        "entrypoint-slow-server",
+        """\
+        COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+        ENTRYPOINT ["bash", "/usr/local/bin/entrypoint.sh"]
+        """,
+        """\
+        python3 -c '
+        import socket, time
+        started = time.process_time()
+        while time.process_time() - started < 1.0:
+            pass
+        server = socket.create_server(("127.0.0.1", 8124))
+        while True:
+            server.accept()[0].close()
+        ' &
+        exec "$@"
+        """,
+    )
+
+    async def scenario() -> str:
+        async with await Sandbox.start(SandboxSpec(tag)) as sandbox:
+            connect = "import socket; socket.create_connection(('127.0.0.1', 8124), 5); print('connected')"
+            return (await sandbox.exec(f'python3 -c "{connect}" 2>&1', 20)).output
+
+    assert run(scenario()).strip() == "connected"
+
+
 def test_an_entrypoint_may_write_the_verifiers_folders_and_reaches_nothing_of_the_verifiers(
     run: Runner, image
 ) -> None:

@@ -24,8 +24,15 @@ from .kernel import (
     unshare,
 )
 from .names import DECOY_MOUNTS, LOG_PREFIX, PRIVATE_MOUNTS, RUN_DIR, TESTS_FOLDER
-from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, credentials
+from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, _stat_fields, credentials
 from .seccomp import confine
+
+SETTLE_MAX_S = 10.0
+"""How long the start waits, at most, for what the ENTRYPOINT left running to go quiet (a busy one never does)."""
+SETTLE_QUIET_S = 0.05
+"""A window in which nothing the ENTRYPOINT left running ran or used CPU: it is then waiting (a server, listening)."""
+_BUSY_STATES = ("R", "D")
+_UTIME = 11  # /proc/<pid>/stat's field 14 (utime; stime follows), counted after the command name
 
 
 def verifier_init(command, user, handover, keep, program, report, go, file_limit, channel_folders):
@@ -154,6 +161,8 @@ def _report_handover(command, main, handover, report):
             break
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
+    if verdict == "ready":
+        _settle(main, SETTLE_MAX_S)
     if verdict != "ready":  # after whatever the ENTRYPOINT wrote, on the same stream: the host reads the log up to here
         try:
             os.write(2, "{}handover {}\n".format(LOG_PREFIX, verdict).encode())
@@ -163,6 +172,38 @@ def _report_handover(command, main, handover, report):
         os.write(report, "handover {}\n".format(verdict).encode())
     finally:
         os.close(report)
+
+
+def _settle(main, limit_s):
+    """Wait, at most ``limit_s``, until what the ENTRYPOINT left running on this side (every process but this init
+    and ``main``, now the keep-alive) is quiet: over SETTLE_QUIET_S none of it ran, waited on the disk or used CPU.
+    An ENTRYPOINT hands over as soon as it has started a server in the background, and the server takes a while to
+    listen; Harbor's agent starts seconds later, after its set-up, and tasks count on that (harbor-cookbook's
+    dns-blacklisting queries its server in the solution's first command). With nothing left running, as in most
+    images, this returns at once."""
+    deadline = time.monotonic() + limit_s
+    before = _activity(main)
+    while before is not None and time.monotonic() < deadline:
+        time.sleep(SETTLE_QUIET_S)
+        after = _activity(main)
+        if after is None or (before == after and not any(busy for busy, _ in after.values())):
+            return
+        before = after
+
+
+def _activity(main):
+    """For each process of this side but this init and ``main``: whether it runs (or waits on the disk), and the
+    CPU ticks it has used; None when there is no such process."""
+    activity = {}
+    for pid in _pids():
+        if pid in (os.getpid(), main):
+            continue
+        try:
+            fields = _stat_fields(pid)
+            activity[pid] = (fields[0] in _BUSY_STATES, int(fields[_UTIME]) + int(fields[_UTIME + 1]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return activity or None
 
 
 def _running_in_namespace(argv):
