@@ -96,7 +96,7 @@ async def lift_packaged(
 
 
 def unzstd(body: bytes) -> bytes | None:
-    """A zstd stream decompressed by the host's ``zstd`` (Debian's archives since trixie); None without it."""
+    """A zstd stream decompressed by the host's ``zstd`` (Ubuntu's package archives hold one); None without it."""
     program = shutil.which("zstd")
     if program is None:
         return None
