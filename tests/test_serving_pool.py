@@ -20,7 +20,7 @@ from terminus_env.serving.client import (
     ReplicaUnavailable,
     ServingError,
 )
-from terminus_env.serving.pool import ServingPool
+from terminus_env.serving.pool import SCRAPES_MISSED_DOWN, ServingPool, down_after_scrape
 from terminus_env.serving.sim.engine import SimConfig
 from terminus_env.serving.sim.replies import ScriptedReplies
 from terminus_env.serving.sim.server import ServerConfig, SimServer
@@ -50,6 +50,20 @@ async def rollout(
                 first_turn_done.set()
             messages += [{"role": "assistant", "content": c.text}, {"role": "user", "content": f"output {turn}"}]
     return replicas
+
+
+def test_a_replica_too_busy_to_answer_a_scrape_stays_up_until_it_misses_several_in_a_row():
+    """A CPU replica writing a long reply can leave a /metrics scrape unanswered past its timeout; marking it down
+    for that moved its sessions away and left it out of a weight sync. Timeouts count only several in a row; a
+    refused connection (nothing listening) or a 5xx marks it down at once."""
+    timeout = ReplicaUnavailable("http://a/metrics: timed out (ConnectTimeout)", delivered=False, timed_out=True)
+    refused = ReplicaUnavailable("http://a/metrics: ConnectError: refused", delivered=False)
+    missed, verdicts = 0, []
+    for _ in range(SCRAPES_MISSED_DOWN):
+        down, missed = down_after_scrape(timeout, missed)
+        verdicts.append(down)
+    assert SCRAPES_MISSED_DOWN > 1 and verdicts == [False] * (SCRAPES_MISSED_DOWN - 1) + [True]
+    assert down_after_scrape(refused, 0)[0] and down_after_scrape(refused, 1)[0]
 
 
 def test_sessions_stick_and_spread():

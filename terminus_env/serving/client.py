@@ -41,12 +41,14 @@ class ReplicaUnavailable(ServingError):
     """The replica did not answer (connection error, timeout) or failed (5xx); try another one.
 
     ``delivered`` is False only when the request surely never reached the server (it could not connect);
-    otherwise the engine may have run it, and may have died of it.
+    otherwise the engine may have run it, and may have died of it. ``timed_out``: no answer came in time, which a
+    server too busy to answer and a hung one both give (a refused connection or a 5xx says more).
     """
 
-    def __init__(self, message: str, *, delivered: bool = True) -> None:
+    def __init__(self, message: str, *, delivered: bool = True, timed_out: bool = False) -> None:
         super().__init__(message)
         self.delivered = delivered
+        self.timed_out = timed_out
 
 
 class ModelNotServed(ServingError):
@@ -290,7 +292,8 @@ class ReplicaClient:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise ReplicaUnavailable(
-                f"{self.base_url}{path}: timed out ({type(exc).__name__})", delivered=not isinstance(exc, _NOT_SENT)
+                f"{self.base_url}{path}: timed out ({type(exc).__name__})", delivered=not isinstance(exc, _NOT_SENT),
+                timed_out=True,
             ) from exc
         except httpx.TransportError as exc:
             raise ReplicaUnavailable(

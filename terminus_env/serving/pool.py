@@ -62,6 +62,15 @@ _CHARS_PER_TOKEN = 4  # a rough prompt-size estimate until the server's count co
 HEALTH_PROBE_S = 10.0  # how long a replica has to answer /health after a request failed there
 RETRIES_AT_HEALTHY_REPLICAS = 2  # a request that failed at a replica still healthy afterwards is sent again this often
 CATCH_UP_RETRY_S = 30.0  # a replica back from the dead that failed to load the pool's weights is tried again after this
+SCRAPES_MISSED_DOWN = 3
+"""Scrapes of /metrics in a row that time out before a replica counts as down: a CPU replica busy with a long reply
+can miss one; a refused connection or a 5xx counts at once."""
+
+
+def down_after_scrape(error: ReplicaUnavailable, missed_before: int) -> tuple[bool, int]:
+    """Whether a failed scrape of a replica marks it down, and how many scrapes in a row it has now missed."""
+    missed = missed_before + 1 if error.timed_out else SCRAPES_MISSED_DOWN
+    return missed >= SCRAPES_MISSED_DOWN, missed
 
 
 @dataclass
@@ -119,6 +128,7 @@ class ServingPool:
         )
         self.scheduler = Scheduler(router, admission)
         self._down: set[str] = set()
+        self._missed: dict[str, int] = {}  # scrapes in a row that timed out, by replica
         self._metrics: dict[str, EngineMetrics] = {}
         self._sessions: dict[str, _SessionState] = {}
         self._scraper: asyncio.Task | None = None
@@ -414,11 +424,17 @@ class ServingPool:
         try:
             engines = await client.metrics()
         except ReplicaUnavailable as exc:
-            self._mark_down(name, exc)
+            down, self._missed[name] = down_after_scrape(exc, self._missed.get(name, 0))
+            if down:
+                self._missed.pop(name)
+                self._mark_down(name, exc)
+            else:
+                log.info("replica %s did not answer a scrape (%s); it stays up", name, exc)
             return
         except ServingError as exc:  # up, but /metrics unreadable: keep it, with stale numbers
             log.warning("replica %s: %s", name, exc)
             return
+        self._missed.pop(name, None)
         self._metrics[name] = combine(engines.values(), engine=name)
         self.scheduler.scraped(name, self._metrics[name])
 
