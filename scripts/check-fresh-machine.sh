@@ -16,9 +16,10 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 image="${1:-terminus-env/base:bookworm}"
 
 # Every program the set-up path runs besides python3 and the shell: the scripts' (docker, dockerd, debootstrap)
-# and `terminus-env images base`'s (terminus_env/sandbox/images.py). tests/test_fresh_machine.py keeps this list in
-# step with what images.py runs.
-tools=(debootstrap docker dockerd tar umount)
+# and `terminus-env images base`'s (terminus_env/sandbox/images.py), and zstd, which the grade runs to open Ubuntu's
+# package archives (sandbox/package_proof.py; gpgv, which it runs too, comes with apt, so even minbase has it).
+# tests/test_fresh_machine.py keeps this list in step with what images.py runs.
+tools=(debootstrap docker dockerd tar umount zstd)
 
 echo "== fresh machine: the set-up scripts in a clean container of $image"
 started=$SECONDS
