@@ -149,8 +149,7 @@ class Sandbox:
             user = spec.user or image.user or None
             workdir = spec.workdir or image.workdir or None
             channel, handover = await Channel.open(client, container_id, HANDOVER_S, folder)
-            if handover != "ready":
-                await channel.close()
+            if handover != "ready":  # read the log while the channel holds the container: hung up, it is removed
                 raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
             terminal = await Terminal.start(channel, user=user, workdir=workdir)
         except BaseException:
