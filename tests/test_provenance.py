@@ -45,7 +45,7 @@ def deb(files: dict[str, bytes], links: dict[str, str] | None = None, *, zstd: b
     """A package archive as dpkg-deb makes one: ``ar`` holding debian-binary, control.tar.xz and data.tar.xz (or
     data.tar.zst, as Ubuntu's are)."""
     data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+    with tarfile.open(fileobj=data, mode="w") as tar:
         for path, content in files.items():
             info = tarfile.TarInfo("." + path)
             info.size = len(content)
@@ -54,11 +54,11 @@ def deb(files: dict[str, bytes], links: dict[str, str] | None = None, *, zstd: b
             info = tarfile.TarInfo("." + path)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    payload = ("data.tar.xz", data.getvalue())
     if zstd:
-        plain = lzma.decompress(data.getvalue())
-        packed = subprocess.run(["zstd", "-c"], input=plain, capture_output=True, check=True).stdout
+        packed = subprocess.run(["zstd", "-c"], input=data.getvalue(), capture_output=True, check=True).stdout
         payload = ("data.tar.zst", packed)
+    else:
+        payload = ("data.tar.xz", lzma.compress(data.getvalue()))
     members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b""), payload]
     out = bytearray(b"!<arch>\n")
     for name, body in members:

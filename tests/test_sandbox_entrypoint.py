@@ -89,8 +89,8 @@ def test_an_entrypoint_can_write_etc_hosts_and_leave_a_server_running(run: Runne
 
 def test_a_server_the_entrypoint_starts_is_listening_when_the_agents_first_command_runs(run: Runner, image) -> None:
     """harbor-cookbook's dns-blacklisting starts its server in the background and hands over at once; its solution's
-    first command queries that server. Harbor's agent starts seconds later, after its set-up; ours could start
-    before the server listened, and the correct solution earned 0. The start now waits until what the ENTRYPOINT
+    first command queries that server. Harbor runs its own steps before the agent's first command; ours could run
+    it before the server listened, and the correct solution earned 0. The start now waits until what the ENTRYPOINT
     left running is quiet (this server takes a second of CPU before it listens), so one try must connect."""
     tag = image(
         "entrypoint-slow-server",

@@ -163,7 +163,7 @@ def _report_handover(command, main, handover, report):
         pause = min(pause * 2, 0.01)
     if verdict == "ready":
         _settle(main, SETTLE_MAX_S)
-    if verdict != "ready":  # after whatever the ENTRYPOINT wrote, on the same stream: the host reads the log up to here
+    else:  # after whatever the ENTRYPOINT wrote, on the same stream: the host reads the log up to here
         try:
             os.write(2, "{}handover {}\n".format(LOG_PREFIX, verdict).encode())
         except OSError:
@@ -178,7 +178,7 @@ def _settle(main, limit_s):
     """Wait, at most ``limit_s``, until what the ENTRYPOINT left running on this side (every process but this init
     and ``main``, now the keep-alive) is quiet: over SETTLE_QUIET_S none of it ran, waited on the disk or used CPU.
     An ENTRYPOINT hands over as soon as it has started a server in the background, and the server takes a while to
-    listen; Harbor's agent starts seconds later, after its set-up, and tasks count on that (harbor-cookbook's
+    listen; Harbor runs its own steps before the agent's first command, and tasks count on that (harbor-cookbook's
     dns-blacklisting queries its server in the solution's first command). With nothing left running, as in most
     images, this returns at once."""
     deadline = time.monotonic() + limit_s
