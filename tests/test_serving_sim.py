@@ -65,32 +65,51 @@ def test_max_tokens_cuts_with_finish_reason_length():
     assert DEFAULT_REPLY.startswith(c.text) and c.text
 
 
+def words(n: int) -> list[dict]:
+    """A conversation whose prompt is ``n`` tokens with the toy tokenizer (a message costs 3 besides its words, and
+    the assistant's opener 2)."""
+    return [{"role": "user", "content": "word " * (n - 5)}]
+
+
 def test_context_length_rules_match_vllm():
-    """vLLM 0.32: a prompt that fills the context is refused; a max_tokens above max_model_len is refused; a
-    max_tokens that only overflows with the prompt is cut to the room left, and the reply ends with length."""
+    """vLLM 0.32, at the context's boundary and around it: a prompt one token short is granted one token, cut with
+    length where prompt and reply fill the context; a prompt of exactly the context is refused as vLLM's sampling
+    parameters refuse the 0 tokens left; a longer one for its length, with vLLM's count capped at the context + 1;
+    a max_tokens above max_model_len is refused before the prompt is read. The client reads all three boundary
+    refusals as the context's end, and the other as the caller's error."""
     config = ServerConfig(model="m", time_scale=0.0, engine=SimConfig(num_gpu_blocks=64, max_model_len=100))
 
     async def main():
         async with SimServer(config) as server, ReplicaClient(server.url) as client:
-            with pytest.raises(ContextLengthExceeded) as too_long:
-                await client.chat("m", [{"role": "user", "content": "word " * 200}], max_tokens=10)
+            short = await client.chat("m", words(99), max_tokens=50, ignore_eos=True)
+            refused = {}
+            for n in (100, 101, 150):
+                with pytest.raises(ContextLengthExceeded) as exhausted:
+                    await client.chat("m", words(n), max_tokens=10)
+                refused[n] = exhausted.value.reason
             with pytest.raises(ServingError) as too_many:
-                await client.chat("m", [{"role": "user", "content": "hi"}], max_tokens=101)
-            cut = await client.chat("m", [{"role": "user", "content": "word " * 50}], max_tokens=60, ignore_eos=True)
-            raw = await client._http.post(
-                "/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 1},
-            )
-            return str(too_long.value), too_many.value, cut, raw
+                await client.chat("m", words(150), max_tokens=101)
+            cut = await client.chat("m", words(50), max_tokens=60, ignore_eos=True)
+            raw = await client._http.post("/v1/chat/completions", json={"model": "m", "messages": words(100)})
+            counted = await client.prompt_tokens("m", words(100))
+            return short, refused, too_many.value, cut, raw, counted
 
-    too_long, too_many, cut, raw = run(main())
-    assert too_long.startswith("This model's maximum context length is 100 tokens. However, your prompt contains at")
+    short, refused, too_many, cut, raw, counted = run(main())
+    assert (short.prompt_tokens, short.completion_tokens, short.finish_reason) == (99, 1, "length")
+    assert refused[100] == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+    for n in (101, 150):
+        assert refused[n] == (
+            "This model's maximum context length is 100 tokens. However, your prompt contains at least 101 input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+            "prompt. (parameter=input_tokens, value=101)"
+        )
     assert not isinstance(too_many, ContextLengthExceeded)
     assert "max_tokens=101 cannot be greater than max_model_len=100" in str(too_many)
     assert cut.finish_reason == "length" and cut.prompt_tokens + cut.completion_tokens == 100
-    assert raw.status_code == 400
+    assert raw.status_code == 400  # no max_tokens asks for the room left, and there is none
     error = raw.json()["error"]
-    assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == "input_tokens"
+    assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == "max_tokens"
+    assert counted == 100
 
 
 def test_bad_requests_are_clear_errors():

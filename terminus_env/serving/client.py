@@ -1,7 +1,7 @@
 """An async client for one vLLM server: chat with token ids and logprobs, ``/health``, ``/metrics``.
 
 Every failure is one of two kinds a caller acts on differently: the request itself is bad
-(:class:`ContextLengthExceeded`, or another :class:`ServingError`) and retrying cannot help, or the
+(:class:`RequestRefused`, :class:`ContextLengthExceeded` among them) and retrying cannot help, or the
 replica is unavailable (:class:`ReplicaUnavailable`) and the same request may go elsewhere. A
 :class:`ReplicaUnavailable` also says whether the request may have reached the engine (``delivered``):
 one that did and took the engine down with it must not be sent to the next replica (the pool's rule).
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 
 from terminus_env.errors import TerminusError
+from terminus_env.serving.context_refusal import context_exhausted, exhausted_by_measure, room_left
 from terminus_env.serving.metrics import EngineMetrics, MetricsParseError, parse_metrics
 
 # An idle connection is dropped before vLLM's server closes it (uvicorn's keep-alive, 5 s by default): reusing one
@@ -30,10 +30,24 @@ class ServingError(TerminusError):
     """A serving request failed; the message says what the server answered."""
 
 
-class ContextLengthExceeded(ServingError):
-    """The conversation plus ``max_tokens`` no longer fits the model's context (vLLM's HTTP 400).
+class RequestRefused(ServingError):
+    """The server refused the request itself (HTTP 4xx): sent again, anywhere, it fails the same way.
 
-    The episode has hit its context limit; retrying the same request anywhere fails the same way.
+    ``reason`` is the server's own words, for the rules that read them (:mod:`~terminus_env.serving.context_refusal`).
+    """
+
+    def __init__(self, message: str, *, status: int = 400, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = message if reason is None else reason
+
+
+class ContextLengthExceeded(RequestRefused):
+    """The conversation no longer fits the model's context: the engine refused it for its length, or the pool
+    measured the prompt at the whole context.
+
+    The episode has hit its context limit (the agent's ``context_limit``, or a summary where the loop summarizes);
+    retrying the same request anywhere fails the same way.
     """
 
 
@@ -67,9 +81,6 @@ class EngineDied(ServingError):
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 CONTROL_ATTEMPTS = 3  # a weight-update call (pause, resume, ...) whose connection dropped is sent again this often
 FRESH_WEIGHT_VERSION = "default"  # what vLLM's /weight_info says before any weight update
-# vLLM before it cut max_tokens to the room left refused the request instead, in these words.
-_OVERFLOW = re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages, (\d+) in the completion\)",
-                       re.S)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,12 +142,16 @@ class ReplicaClient:
         max_tokens: int,
         logprobs: bool = True,
         headers: dict[str, str] | None = None,
+        context_window: int | None = None,
         **sampling: Any,
     ) -> Completion:
         """One ``/v1/chat/completions`` call asking for prompt and output token ids.
 
-        A server that refuses a ``max_tokens`` which only overflows the context together with the prompt (vLLM
-        before it cut such requests to the room left) is asked again for the room left, once.
+        A refusal for the context's length raises :class:`ContextLengthExceeded`: in any engine's words
+        (:func:`context_exhausted`), or, given the server's ``context_window``, any other refusal of a prompt that
+        measures the whole window (``/tokenize``), so that the decision never rests on wording alone. A server that
+        refuses a ``max_tokens`` which only overflows the context together with the prompt (vLLM before it cut such
+        requests to the room left, SGLang) is asked again for the room left, once.
         """
         body = {
             "model": model,
@@ -147,14 +162,57 @@ class ReplicaClient:
             **sampling,
         }
         try:
-            response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+            response = await self._chat_request(body, headers, context_window)
         except ContextLengthExceeded as exc:
-            room = _room_left(str(exc), max_tokens)
+            room = room_left(exc.reason, max_tokens)
             if room is None:
                 raise
             body["max_tokens"] = room
-            response = await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+            response = await self._chat_request(body, headers, context_window)
         return self._completion(response)
+
+    async def _chat_request(
+        self, body: dict[str, Any], headers: dict[str, str] | None, context_window: int | None
+    ) -> httpx.Response:
+        """One chat request; a refusal for the context's length is :class:`ContextLengthExceeded`."""
+        try:
+            return await self._request("POST", "/v1/chat/completions", json=body, headers=headers)
+        except RequestRefused as exc:
+            if exc.status == 400 and context_exhausted(exc.reason, body["max_tokens"]):
+                raise ContextLengthExceeded(str(exc), reason=exc.reason) from exc
+            if exc.status == 400 and "cannot be greater than max_model_len" in exc.reason:
+                raise RequestRefused(
+                    f"{exc} The per-turn token limit is above the model's context: ask for at most its max_model_len "
+                    "(its /v1/models says it; ServingPool caps every request so).", reason=exc.reason,
+                ) from exc  # fmt: skip
+            if context_window is None:
+                raise
+            measured = await self._measured(body["messages"], body["model"])
+            if measured is not None and exhausted_by_measure(measured, context_window):
+                raise ContextLengthExceeded(
+                    f"{exc} (the prompt measures {measured} tokens of the {context_window}-token context)",
+                    reason=exc.reason,
+                ) from exc
+            raise
+
+    async def _measured(self, messages: list[dict], model: str) -> int | None:
+        """The prompt's tokens, or None when the server cannot count them (no ``/tokenize``, or it failed)."""
+        try:
+            return await self.prompt_tokens(model, messages)
+        except ServingError:
+            return None
+
+    async def prompt_tokens(self, model: str, messages: list[dict]) -> int:
+        """The prompt's length in tokens, as a chat request with ``messages`` would send it (vLLM's ``/tokenize``)."""
+        body = {"model": model, "messages": messages, "add_generation_prompt": True}
+        response = await self._request("POST", "/tokenize", json=body)
+        try:
+            count = response.json()["count"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServingError(f"{self.base_url}/tokenize: no token count in {response.text[:200]!r}") from exc
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ServingError(f"{self.base_url}/tokenize: the count is not a number of tokens: {count!r}")
+        return count
 
     async def models(self) -> list[ModelCard]:
         """The models ``/v1/models`` lists."""
@@ -279,8 +337,8 @@ class ReplicaClient:
                     if attempt == CONTROL_ATTEMPTS or not isinstance(exc.__cause__, httpx.TransportError):
                         raise
                     attempt += 1
-        except ServingError as exc:
-            if "HTTP 404" in str(exc):
+        except RequestRefused as exc:
+            if exc.status == 404:
                 raise ServingError(
                     f"{self.base_url}{path} is not served: start the replicas with `terminus-env serve "
                     "--weight-sync` (vLLM's development endpoints, VLLM_SERVER_DEV_MODE=1)"
@@ -303,14 +361,8 @@ class ReplicaClient:
             raise ReplicaUnavailable(f"{self.base_url}{path}: HTTP {response.status_code}: {_error_message(response)}")
         if response.status_code >= 400:
             message = _error_message(response)
-            if response.status_code == 400 and "maximum context length" in message:
-                raise ContextLengthExceeded(message)
-            if response.status_code == 400 and "cannot be greater than max_model_len" in message:
-                raise ServingError(
-                    f"{self.base_url}{path}: {message} The per-turn token limit is above the model's context: ask "
-                    "for at most its max_model_len (its /v1/models says it; ServingPool caps every request so)."
-                )
-            raise ServingError(f"{self.base_url}{path}: HTTP {response.status_code}: {message}")
+            raise RequestRefused(f"{self.base_url}{path}: HTTP {response.status_code}: {message}",
+                                 status=response.status_code, reason=message)  # fmt: skip
         return response
 
     def _completion(self, response: httpx.Response) -> Completion:
@@ -343,16 +395,6 @@ def message_text(message: dict) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
     raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
-
-
-def _room_left(message: str, asked: int) -> int | None:
-    """The tokens left after the prompt, from an older vLLM's refusal, when the prompt itself fits."""
-    match = _OVERFLOW.search(message)
-    if match is None:
-        return None
-    limit, prompt = int(match.group(1)), int(match.group(2))
-    room = limit - prompt
-    return room if 0 < room < asked else None
 
 
 def _error_message(response: httpx.Response) -> str:

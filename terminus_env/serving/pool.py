@@ -255,7 +255,8 @@ class ServingPool:
     ) -> Completion:
         """The session's next turn, on its replica; on a replica failure, the same turn elsewhere.
 
-        Raises :class:`ContextLengthExceeded` when the conversation no longer fits the model,
+        Raises :class:`ContextLengthExceeded` when the conversation no longer fits the replica's context (decided by
+        the engine's words, else by measuring the prompt against the context the replica reported),
         :class:`EngineDied` when the replica's engine died with this request in it (never replayed),
         and :class:`ReplicaUnavailable` only when no replica has answered for ``failover_timeout_s``.
         """
@@ -269,7 +270,7 @@ class ServingPool:
             replica = await self._route(session_id, group_id, deadline, last_error)
             await self._open.wait()  # a weight sync in progress holds the request until the new weights are in
             version = self.policy_version
-            limit = self._cards[replica].max_model_len if replica in self._cards else None
+            limit = self._context_window(replica)
             asked = min(max_tokens, limit) if limit else max_tokens  # the engine cuts it to the room the prompt leaves
             self.scheduler.dispatched(replica, session_id, estimate)
             try:
@@ -302,6 +303,10 @@ class ServingPool:
         state.turns += 1
         return dataclasses.replace(completion, policy_version=version, max_model_len=limit)
 
+    def _context_window(self, replica: str) -> int | None:
+        """The replica's context in tokens, as its ``/v1/models`` reported it."""
+        return self._cards[replica].max_model_len if replica in self._cards else None
+
     @property
     def requests_at_replicas(self) -> int:
         """Requests sent to a replica and not answered yet: a weight sync waits for these to finish."""
@@ -312,7 +317,9 @@ class ServingPool:
         self._requests += 1
         self._idle.clear()
         try:
-            return await self._clients[replica].chat(self.model, messages, max_tokens=max_tokens, **sampling)
+            return await self._clients[replica].chat(
+                self.model, messages, max_tokens=max_tokens, context_window=self._context_window(replica), **sampling
+            )
         finally:
             self._requests -= 1
             if self._requests == 0:

@@ -121,3 +121,43 @@ def test_the_simulated_replica_answers_in_the_engines_shapes(fleet, tokenizer):
     assert real["completion"].prompt_token_ids == sim["completion"].prompt_token_ids  # one chat template
     assert list(real["engines"]) == list(sim["engines"]) == ["0"]
     assert real["engines"]["0"].block_size and sim["engines"]["0"].block_size
+
+
+async def at_the_boundary(url: str, context: int) -> dict:
+    """What a server answers to prompts of the context less one token, the context, and one and nine tokens over it
+    (a user message of filler words, one token each, sized by the server's own /tokenize), with and without a
+    max_tokens; and the shape of its /tokenize."""
+    answers: dict = {}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http, ReplicaClient(url) as client:
+        base = await client.prompt_tokens(MODEL_NAME, [{"role": "user", "content": "a"}])
+        for n in (context - 1, context, context + 1, context + 9):
+            messages = [{"role": "user", "content": "a" + " a" * (n - base)}]
+            assert await client.prompt_tokens(MODEL_NAME, messages) == n
+            for asked in ({"max_tokens": 4}, {}):
+                body = {"model": MODEL_NAME, "messages": messages, "ignore_eos": True, **asked}
+                response = await http.post("/v1/chat/completions", json=body)
+                reply = response.json()
+                key = f"{n - context:+d} {asked}"
+                if response.status_code == 200:
+                    answers[key] = (200, reply["choices"][0]["finish_reason"], reply["usage"]["completion_tokens"])
+                else:
+                    answers[key] = (response.status_code, reply["error"])
+        tokenized = (await http.post("/tokenize", json={"model": MODEL_NAME, "messages": messages})).json()
+    answers["tokenize"] = shape(tokenized)
+    return answers
+
+
+def test_the_simulated_replica_answers_at_the_contexts_boundary_as_vllm_does(small_fleet, tokenizer):
+    """Word for word, since the client reads the words: the last token granted, "max_tokens must be at least 1, got
+    0" for a prompt of exactly the context, the context error with vLLM's capped count beyond it."""
+    context = fleet_context(small_fleet)
+
+    async def main():
+        config = ServerConfig(model=MODEL_NAME, time_scale=0.0, engine=SimConfig(max_model_len=context))
+        async with SimServer(config, tokenizer=TemplateTokenizer(tokenizer)) as sim:
+            return await at_the_boundary(small_fleet.urls[0], context), await at_the_boundary(sim.url, context)
+
+    real, sim = asyncio.run(main())
+    assert sim == real
+    assert real["-1 {'max_tokens': 4}"] == (200, "length", 1)
+    assert real["+0 {'max_tokens': 4}"][1]["message"].startswith("max_tokens must be at least 1, got 0.")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from terminus_env.serving.client import FRESH_WEIGHT_VERSION, message_text
 from terminus_env.serving.sim.config import SimConfig, curve_at
+from terminus_env.serving.sim.context_rules import Refusal, granted_tokens
 from terminus_env.serving.sim.engine import SimFinished, SimReplica, SimRequest, UnknownRequest
 from terminus_env.serving.sim.exposition import CONTENT_TYPE, Exposition
 from terminus_env.serving.sim.http import Request, Response, serve_connection
@@ -230,6 +231,7 @@ class SimServer:
         routes = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("GET", "/v1/models"): self._models,
+            ("POST", "/tokenize"): self._tokenize,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
         }
@@ -373,30 +375,22 @@ class SimServer:
         return Response.json(200, completion, headers=headers)
 
     def _check_context(self, prompt_len: int, max_tokens: object) -> int:
-        """vLLM 0.32's context-length rules, its refusals word for word where clients parse them: a prompt that
-        fills the context and a ``max_tokens`` above ``max_model_len`` are refused; otherwise ``max_tokens`` is
-        cut to the room the prompt leaves (the reply then ends with ``length`` at the context's end)."""
+        """vLLM 0.32's context-length rules (:mod:`~terminus_env.serving.sim.context_rules`), its refusals word for
+        word where clients parse them."""
+        granted = granted_tokens(prompt_len, max_tokens, self.config.engine.max_model_len)
+        if isinstance(granted, Refusal):
+            raise _ApiError(400, granted.message, param=granted.param)
+        return granted
+
+    async def _tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize`` of a chat (the prompt with its generation opener, as a chat request sends it)."""
+        body = _chat_body(request)
+        try:
+            prompt = self._tokenizer.chat_prompt(body["messages"])
+        except ValueError as exc:
+            raise _ApiError(400, str(exc)) from exc
         limit = self.config.engine.max_model_len
-        if prompt_len >= limit:
-            raise _ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, your prompt contains at least "
-                f"{min(prompt_len, limit + 1)} input tokens, which exceeds this limit even without any output "
-                f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={prompt_len})",
-                param="input_tokens",
-            )
-        if max_tokens is None:
-            return limit - prompt_len
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise _ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        if max_tokens > limit:
-            raise _ApiError(
-                400,
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output "
-                f"tokens. (parameter=max_tokens, value={max_tokens})",
-                param="max_tokens",
-            )
-        return min(max_tokens, limit - prompt_len)
+        return Response.json(200, {"count": len(prompt), "max_model_len": limit, "tokens": prompt, "token_strs": None})
 
     def _pick_engine(self, rank: str | None) -> _EngineDriver:
         if rank is None:
