@@ -8,10 +8,10 @@ import posixpath
 import re
 import sys
 
+from terminus_env.sandbox.inside.code_files import CODE_SUFFIXES as RUN_WHEN_OPENED
+from terminus_env.sandbox.inside.code_files import PATH_DIRS
 from terminus_env.sandbox.inside.installer_files import installer_pth_line
 
-PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-"""Debian's PATH for root, in order: a program found in an earlier folder hides one of a later folder."""
 DISTRIBUTION_PROGRAM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 LOCAL_PROGRAM_DIRS = ("/usr/local/sbin", "/usr/local/bin")
 DISTRIBUTION_LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")
@@ -34,7 +34,8 @@ RUNNER_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.
 """pytest looks for these upwards from the folder of the tests it runs, /tests, so at / too."""
 STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 LOADER_PRELOAD = "/etc/ld.so.preload"
-CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
+CODE_SUFFIXES = (*RUN_WHEN_OPENED, ".pth")
+"""Files the rules judge as code: those that run when opened, and ``.pth`` files (their import lines run)."""
 PYTHON_ROOT = re.compile(r".*/lib/python3(\.\d+)?(/lib-dynload|/site-packages|/dist-packages)?")
 STANDARD_LIBRARY = re.compile(r".*/lib/python3\.\d+/")
 SITE = re.compile(r".*/(site|dist)-packages/")

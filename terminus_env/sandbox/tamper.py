@@ -163,6 +163,8 @@ class WatchReport:
     links: tuple[Relink, ...] = ()
     """The links the agent made, with where each led before the verifier ran."""
     reward_refused: tuple[RewardOpen, ...] = ()
+    lost: tuple[str, ...] = ()
+    """Why events could not be recorded (a file the daemon cannot name), the first few."""
     runner_signal: int | None = None
     """The signal that killed the test script, when the daemon did not send it."""
 
@@ -185,6 +187,7 @@ class WatchReport:
         return cls(
             used, relinked, bool(watch.get("complete", False)), frozenset(reply.get("loaded", ())),
             early_code=frozenset(watch.get("early_code", ())), links=links, reward_refused=refused,
+            lost=tuple(str(why) for why in watch.get("lost", ())),
             runner_signal=None if signal is None else int(signal),
         )  # fmt: skip
 
@@ -254,7 +257,8 @@ def judge(
     changes, found = changes or {}, found or {}
     findings: list[Finding] = []
     if not report.complete:
-        findings.append(Finding(TamperKind.UNWATCHED, "", "the verifier's watch lost events"))
+        lost = f": {'; '.join(report.lost)}" if report.lost else ""
+        findings.append(Finding(TamperKind.UNWATCHED, "", f"the verifier's watch lost events{lost}"))
     for refused in report.reward_refused:
         who = f"pid {refused.pid} {refused.why}" if refused.pid else refused.why
         findings.append(Finding(TamperKind.REWARD_FORGED, refused.path, f"{who}: refused"))

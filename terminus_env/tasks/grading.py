@@ -19,6 +19,7 @@ import math
 import re
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,18 +96,22 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
     output = (run.files.get(TEST_STDOUT) or b"").decode("utf-8", "replace")
     duration = time.monotonic() - start
     files = _kept_files(output[-OUTPUT_CAP:], run.files)
+    tampering = run.tampering
     if run.result.timed_out:
         timed_out = f"verifier timed out after {task.verifier_timeout_s:g}s"
-        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, timed_out, tampering=run.tampering, files=files)
+        return GradeResult(0.0, output[-OUTPUT_CAP:], True, duration, timed_out, tampering=tampering, files=files)
     if task.source_format == "terminal-bench-1":
         reward, reason = pytest_reward(output)
     else:
-        reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
-        refused = [f"{path}: {why}" for path, why in run.refused.items() if path in (REWARD_TXT, REWARD_JSON)]
-        reason = "; ".join(refused) if refused and reward == 0.0 else reason
+        refused = refused_rewards(run.refused)
+        if refused:  # no reward can be vouched for beside a reward file that is not the verifier's own
+            reward, reason = 0.0, "; ".join(finding.detail for finding in refused)
+            tampering = (*tampering, *refused)
+        else:
+            reward, reason = read_reward(run.files.get(REWARD_TXT), run.files.get(REWARD_JSON))
     # The first failing test: from the CTRF report if the verifier wrote one, else from its output.
     failure = first_failure(output, run.files.get(CTRF_REPORT))
-    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, run.tampering, files)
+    return GradeResult(reward, output[-OUTPUT_CAP:], False, duration, reason, failure, tampering, files)
 
 
 def _kept_files(output: str, files: dict[str, bytes | None]) -> tuple[tuple[str, str], ...]:
@@ -162,12 +167,28 @@ async def _prepare(sandbox: Sandbox, command: str) -> None:
 
 
 def read_reward(txt: bytes | None, json_data: bytes | None) -> tuple[float, str | None]:
-    """reward.txt wins over reward.json, as in Harbor; neither is a reward of 0, with the reason."""
-    if txt is not None:
-        return parse_reward_txt(txt)
+    """reward.json wins over reward.txt, as Harbor 0.26's ``Verifier.verify`` reads them; neither is a reward of 0,
+    with the reason."""
     if json_data is not None:
         return parse_reward_json(json_data)
+    if txt is not None:
+        return parse_reward_txt(txt)
     return 0.0, f"the verifier wrote neither {REWARD_TXT} nor {REWARD_JSON}"
+
+
+def refused_rewards(refused: Mapping[str, str]) -> tuple[Finding, ...]:
+    """A reward file the daemon would not read (a link, a FIFO, a folder: not a file the verifier wrote) as findings.
+
+    Only a process in the verifier's tree can put one there, and an honest test script writes its reward as a plain
+    file: a link to ``/dev/null`` would silence the test script's ``echo 0`` and leave the other reward file to
+    decide. So the refusal is the grade's, whatever the other file holds: reward 0, reported as ``reward_forged``."""
+    from terminus_env.sandbox.tamper import Finding, TamperKind
+
+    return tuple(
+        Finding(TamperKind.REWARD_FORGED, path, f"{path} is not a file the verifier wrote ({why}); no reward counts")
+        for path, why in sorted(refused.items())
+        if path in (REWARD_TXT, REWARD_JSON)
+    )
 
 
 def parse_reward_txt(data: bytes) -> tuple[float, str | None]:

@@ -23,7 +23,7 @@ from .kernel import (
     mount,
     unshare,
 )
-from .names import DECOY_MOUNTS, LOG_PREFIX, PRIVATE_MOUNTS, RUN_DIR, TESTS_FOLDER
+from .names import DECOY_MOUNTS, LOG_PREFIX, PRIVATE_MOUNTS, RUN_DIR, SHARED_MEMORY, TESTS_FOLDER
 from .processes import AGENT_OOM_SCORE, _exit_code, _pids, _report_and_exit, _restore_signals, _stat_fields, credentials
 from .seccomp import confine
 
@@ -38,8 +38,8 @@ _UTIME = 11  # /proc/<pid>/stat's field 14 (utime; stime follows), counted after
 def verifier_init(command, user, handover, keep, program, report, go, file_limit, channel_folders):
     """PID 1 of the verifier's namespace. It starts the agent's side, waits until the host's private folders are
     mounted, takes a copy of the host's mounts with a /proc of its own and the channel's folder shielded (a
-    folder of the host machine's: nothing may write there), then reaps orphans for ever: what the verifier leaves
-    behind ends up here, where the daemon stops it."""
+    folder of the host machine's: nothing may write there) and a /dev/shm of its own, then reaps orphans for ever:
+    what the verifier leaves behind ends up here, where the daemon stops it."""
     try:
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(number, signal.SIG_IGN)
@@ -67,6 +67,7 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
         # fills both through its own, writable mounts of the same file systems.
         for folder in (TESTS_FOLDER, RUN_DIR):
             mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _own_shared_memory()
         _mount_proc()
         _shield_private_folders(channel_folders)
         confine(keep, program)
@@ -216,6 +217,18 @@ def _running_in_namespace(argv):
         except OSError:
             continue
     return False
+
+
+def _own_shared_memory():
+    """The verifier's own /dev/shm, empty, of the container's size: the container's is one file system with the
+    agent's side, so code the agent left there would reach the verifier through a link (a package folder, a path
+    line of a ``.pth``) from a place the verifier's watch cannot attribute."""
+    try:
+        info = os.statvfs(SHARED_MEMORY)
+    except FileNotFoundError:
+        return
+    size = max(info.f_blocks * info.f_frsize, 1 << 20)
+    mount("tmpfs", SHARED_MEMORY, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={}".format(size))
 
 
 def _mount_proc():

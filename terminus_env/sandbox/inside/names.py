@@ -16,4 +16,5 @@ PRIVATE_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), (TESTS_FOLDER, "size=512m,mode
 # What the agent's side has in their place: writable decoys of its own, small (they hold memory).
 DECOY_MOUNTS = ((RUN_DIR, "size=1m,mode=0700"), (TESTS_FOLDER, "size=16m,mode=0755"),
                 ("/logs/verifier", "size=16m,mode=0777"))  # fmt: skip
+SHARED_MEMORY = "/dev/shm"  # each side has its own: the verifier's is a fresh tmpfs of the same size
 PTY_LIMIT = 256  # terminals one container may hold (kernel.pty.max is the host's, shared by every container)

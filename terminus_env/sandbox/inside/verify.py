@@ -13,9 +13,10 @@ import struct
 import tarfile
 import time
 
+from .links import agents_links
 from .plugins import HiddenPlugins
 from .private_folders import NotRegular, _b64, _empty_dir
-from .watch import OpenWatch, agents_links
+from .watch import OpenWatch
 
 # The container's own counters of forks refused at the pids limit and of OOM kills (cgroup v1, then v2).
 LIMIT_COUNTERS = {

@@ -3,15 +3,15 @@ opened the reward, and the links changed in this container whose targets it open
 
 import ctypes
 import errno
-import fnmatch
-import glob
 import os
 import stat
 import struct
 import time
 
+from .code_files import CODE_MAGIC, CODE_SUFFIXES
 from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
 from .kernel import _libc
+from .links import links_opened
 from .names import RUN_DIR, TESTS_FOLDER
 from .packages import packaged_candidate, sha256_of
 from .private_folders import _b64
@@ -26,19 +26,15 @@ _RESPONSE = struct.Struct("iI")  # struct fanotify_response
 
 REWARD_FOLDER = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
-_UNWATCHED = ("/proc", "/sys", "/dev", RUN_DIR, REWARD_FOLDER)  # no file there is the agent's to change
+# No file there can be code the agent provided: kernel views, terminals, message queues, the host's folder, the
+# reward's (asked about apart). /dev itself (a tmpfs root may write) and the verifier's own /dev/shm are watched.
+_UNWATCHED = ("/proc", "/sys", "/dev/pts", "/dev/mqueue", RUN_DIR, REWARD_FOLDER)
 MAX_WATCHED_FILES = 200000
+MAX_LOST_LISTED = 5  # reasons kept of the events the watch could not record
 MAX_EARLY_CODE = 20000  # code files opened before the tests began, listed for the rules (a link may lead there)
 GROUP_WAIT_S = 60.0  # how long a verifier waits for a fanotify group when the host's are all in use
 HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decide what runs
 _READ_HEADS = (".pth", "/entry_points.txt")
-CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pm", ".pl", ".rb", ".js", ".mjs", ".cjs", ".sh", ".jar")
-CODE_MAGIC = (b"\x7fELF", b"#!", b"PK\x03\x04")  # a program, a script, a zip Python imports from
-PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu*",
-                         "/usr/lib/*-linux-gnu*", "/usr/lib/python3*", "/usr/lib/python3*/*-packages",
-                         "/usr/local/lib/python3*", "/usr/local/lib/python3*/*-packages", "/etc", "/etc/python3*",
-                         "/root/.local/lib/python3*/site-packages")  # fmt: skip
 MAX_LISTED = 2000  # libraries the verifier loaded, listed for the rules
 _STARTTIME = 19  # /proc/<pid>/stat's field 22, counted after the command name
 
@@ -86,6 +82,7 @@ class OpenWatch:
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
         self.reward_refused = []
+        self.lost = []  # why events could not be recorded (the first MAX_LOST_LISTED)
         try:
             verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
             self.groups.append(("verifier", self._group(daemon.roots["verifier"], verifier_mask)))
@@ -164,10 +161,16 @@ class OpenWatch:
                         self._answer(group, fd, pid)
                     else:
                         self._record(side, mask, fd, pid)
-                except OSError:
-                    pass
+                except OSError as exc:  # what cannot be seen or named is vouched for by no one: fail closed
+                    self._lost("{} event of pid {}: {}".format(side, pid, exc))
                 finally:
                     os.close(fd)
+
+    def _lost(self, why):
+        """An event the watch could not record (a file it cannot name: a real path past PATH_MAX)."""
+        self.complete = False
+        if len(self.lost) < MAX_LOST_LISTED:
+            self.lost.append(why)
 
     def _record(self, side, mask, fd, pid):
         info = os.fstat(fd)
@@ -278,17 +281,21 @@ class OpenWatch:
         return untraced
 
     def _answer(self, group, fd, pid):
-        """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted."""
-        self.drain_notices()
-        why = self.untrusted(pid)
-        path = _path(fd, os.fstat(fd))
-        refuse = why is not None and os.path.basename(path) in REWARD_FILES
-        if why is not None:
+        """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted,
+        and any open the daemon cannot judge (the question is always answered: an unanswered opener would hang)."""
+        refuse = True
+        try:
+            self.drain_notices()
+            why = self.untrusted(pid)
             info = os.fstat(fd)
-            self.untrusted_files[(info.st_dev, info.st_ino)] = "pid {} (which {})".format(pid, why)
-        if refuse:
-            self.reward_refused.append({"path": path, "pid": pid, "why": why})
-        os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
+            path = _path(fd, info)
+            refuse = why is not None and os.path.basename(path) in REWARD_FILES
+            if why is not None:
+                self.untrusted_files[(info.st_dev, info.st_ino)] = "pid {} (which {})".format(pid, why)
+            if refuse:
+                self.reward_refused.append({"path": path, "pid": pid, "why": why})
+        finally:
+            os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
 
     def drain_notices(self):
         for side, group in self.groups:
@@ -353,9 +360,10 @@ class OpenWatch:
         targets = {record["path"]: record for record in self.opened.values()}
         loaded = sorted(record["path"] for record in self.opened.values()
                         if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
-        relinked = _relinked(daemon.since, self.window, targets, workdir, self.links)
+        relinked = links_opened(daemon.since, self.window, targets, workdir, self.links)
         return {"used": used, "relinked": relinked, "loaded": loaded,
-                "watch": {"complete": self.complete, "events": self.events, "exec_events": self.exec_events,
+                "watch": {"complete": self.complete, "lost": self.lost, "events": self.events,
+                          "exec_events": self.exec_events,
                           "tests_began": self.tests_began_at[1] if self.tests_began_at else None, "phase": how,
                           "early_code": early_code[:MAX_EARLY_CODE],
                           "reward_refused": self.reward_refused}}  # fmt: skip
@@ -446,57 +454,3 @@ def _mount_points(pid):
             point = line.split()[4]
             points.append(point.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n"))
     return points
-
-
-def _relinked(since, window, opened, workdir, links):
-    """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
-    what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder. Those
-    made before the run are ``links`` (the layer's, resolved when the run began); a folder is listed again only if it
-    changed while the verifier ran (a link made meanwhile)."""
-    found, seen = [], set()
-    candidates = [(link["path"], link["target"]) for link in links if not link.get("folder")]
-    for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS + ("/", workdir)
-                             for path in glob.glob(pattern))):  # fmt: skip
-        try:
-            if os.stat(folder).st_ctime < window:
-                continue
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            path = os.path.join(folder, name)
-            try:
-                link = os.lstat(path)
-                if stat.S_ISLNK(link.st_mode) and link.st_ctime >= since:
-                    candidates.append((path, os.path.realpath(path)))
-            except OSError:
-                continue
-    for path, target in candidates:
-        record = opened.get(target)
-        if record is None or path in seen or not _in_link_folder(path, workdir):
-            continue
-        seen.add(path)
-        found.append({"path": path, "target": target, "exec": record["exec"], "early": record["early"],
-                      "magic": (record["head"] or b"")[:4].hex()})  # fmt: skip
-    return found
-
-
-def _in_link_folder(path, workdir):
-    folder = os.path.dirname(path)
-    return folder in ("/", workdir) or any(fnmatch.fnmatch(folder, pattern) for pattern in LINK_DIRS)
-
-
-def agents_links(since, paths):
-    """Of ``paths``, the links the agent made (changed in this container), with where each leads: the host looks
-    for them among Docker's diff, the daemon knows which are links and where they lead now."""
-    found = []
-    for path in paths:
-        try:
-            link = os.lstat(path)
-            if not stat.S_ISLNK(link.st_mode) or link.st_ctime < since:
-                continue
-            target = os.path.realpath(path)
-            found.append({"path": path, "target": target, "folder": os.path.isdir(target)})
-        except OSError:
-            continue
-    return found
