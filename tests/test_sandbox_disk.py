@@ -56,11 +56,68 @@ def test_the_walk_counts_files_once_and_never_follows_links(tmp_path: Path) -> N
         disk._walk(str(tmp_path / "gone"))
 
 
-def test_a_layer_deeper_than_the_walk_goes_is_left_to_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(disk, "MAX_DEPTH", 4)
-    deep = tmp_path.joinpath(*"abcdef")
-    deep.mkdir(parents=True)
-    assert disk._walk(str(tmp_path / "a" / "b" / "c")) == 0
+def nest(top: Path, depth: int, name: str, side_every: int = 0) -> int:
+    """``depth`` folders under ``top``, each in the last, made one level at a time (the path soon passes PATH_MAX),
+    a 3000-byte file at the bottom and, every ``side_every`` levels, a side folder with a 10-byte file; the bytes."""
+    written = 0
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for level in range(depth):
+            if side_every and level % side_every == 0:
+                os.mkdir("side", dir_fd=fd)
+                os.close(os.open("side/f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+                os.truncate(f"/proc/self/fd/{fd}/side/f", 10)
+                written += 10
+            os.mkdir(name, dir_fd=fd)
+            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        data = os.open("data", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+        os.write(data, b"x" * 3000)
+        os.close(data)
+    finally:
+        os.close(fd)
+    return written + 3000
+
+
+def test_the_walk_measures_a_nest_of_any_depth_holding_few_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """600 levels, a path of over 12,000 characters (Docker 20.10 answers -1 there), with side folders on the way
+    down, so the walk comes back up through folders it had closed and goes down again."""
+    (tmp_path / "top").write_bytes(b"x" * 100)
+    expected = 100 + nest(tmp_path, 600, "nest-of-twenty-chars", side_every=50)
+    open_before = len(os.listdir("/proc/self/fd"))
+    most_open: list[int] = []
+    read_folder = disk._read_folder
+
+    def counting(folder: int, seen: set[int]) -> tuple[int, list[str]]:
+        most_open.append(len(os.listdir("/proc/self/fd")) - open_before)
+        return read_folder(folder, seen)
+
+    monkeypatch.setattr(disk, "_read_folder", counting)
+    assert disk._walk(str(tmp_path)) == expected
+    assert max(most_open) == disk.MAX_OPEN_FOLDERS  # the open levels of the path it is on, however deep
+    monkeypatch.setattr(disk, "MAX_OPEN_FOLDERS", 3)
+    assert disk._walk(str(tmp_path)) == expected
+
+
+def test_a_folder_moved_while_the_walk_is_below_it_is_not_measured_as_it_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Coming back up through ``..`` to a folder it had closed, the walk finds another one: it cannot tell what it
+    missed, so the layer goes to Docker (and counts as over its limit if Docker cannot tell either)."""
+    monkeypatch.setattr(disk, "MAX_OPEN_FOLDERS", 2)
+    (tmp_path / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    read_folder = disk._read_folder
+
+    def moving(folder: int, seen: set[int]) -> tuple[int, list[str]]:
+        if os.readlink(f"/proc/self/fd/{folder}").endswith("/e"):
+            os.rename(tmp_path / "a" / "b" / "c", tmp_path / "elsewhere" / "c")
+        return read_folder(folder, seen)
+
+    monkeypatch.setattr(disk, "_read_folder", moving)
     assert disk._walk(str(tmp_path)) is None
 
 

@@ -33,8 +33,6 @@ from terminus_env.sandbox.owner import LABEL, PID_LABEL
 DISK_POLL_S = 1.0
 HARD_LIMIT_HEADROOM_MB = 1
 """Where the engine enforces sizes: how far above ``storage_mb`` a layer's hard limit is."""
-MAX_DEPTH = 256
-"""The deepest folder a walk of a layer opens; a deeper layer is measured by Docker instead (one fd per level)."""
 _MB = 1024 * 1024
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -207,11 +205,22 @@ def _quota_use(folder: str, quota_mb: int) -> int | None:
     return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 
+MAX_OPEN_FOLDERS = 32
+"""The most folders a walk holds open at once, one per level of the path it is on: deeper, it closes the shallowest
+and comes back up through ``..``, so a nest of any depth is measured with a bounded number of descriptors."""
+
+
+_Level = tuple[int, Iterator[str], tuple[int, int]]
+"""One folder on the walk's path: its descriptor (-1 once closed), its subfolders left to walk, and, once closed,
+its identity (device, inode), to know that the folder ``..`` leads back to is this one."""
+_UNKNOWN: tuple[int, int] = (0, 0)  # the identity of a level still open: not needed yet
+
+
 def _walk(root: str) -> int | None:
     """The sizes of the files under ``root``, each inode once, as Docker's ``SizeRw`` counts them, never following a
-    link the agent made: each folder is opened relative to its parent, refusing links. FileNotFoundError when
-    ``root`` is gone; None when it cannot be read or is deeper than MAX_DEPTH (one open folder per level): Docker
-    measures it then."""
+    link the agent made: each folder is opened relative to its parent, refusing links, and at most
+    MAX_OPEN_FOLDERS at once whatever the depth. FileNotFoundError when ``root`` is gone; None when it cannot be
+    read or a folder moved during the walk: Docker is asked then."""
     try:
         top = os.open(root, _OPEN_DIR)
     except FileNotFoundError:
@@ -219,34 +228,58 @@ def _walk(root: str) -> int | None:
     except OSError:
         return None
     seen: set[int] = set()
-    stack: list[tuple[int, Iterator[str]]] = [(top, iter(()))]
+    path: list[_Level] = [(top, iter(()), _UNKNOWN)]
+    shallowest_open = 0  # the open levels are path[shallowest_open:]
     try:
         total, folders = _read_folder(top, seen)
-        stack[0] = (top, iter(folders))
-        while stack:
-            folder, pending = stack[-1]
+        path[0] = (top, iter(folders), _UNKNOWN)
+        while path:
+            folder, pending, _ = path[-1]
             name = next(pending, None)
             if name is None:
-                os.close(stack.pop()[0])
+                path.pop()
+                try:
+                    if path and shallowest_open == len(path):  # the parent was closed: open it again, from here
+                        _, names, ident = path[-1]
+                        path[-1] = (_parent(folder, ident), names, _UNKNOWN)
+                        shallowest_open -= 1
+                finally:
+                    os.close(folder)
                 continue
-            if len(stack) >= MAX_DEPTH:
-                return None
             try:
                 child = os.open(name, _OPEN_DIR, dir_fd=folder)
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                     continue  # removed, or replaced by a file or a link, since it was listed
                 raise
-            stack.append((child, iter(())))
+            path.append((child, iter(()), _UNKNOWN))
+            if len(path) - shallowest_open > MAX_OPEN_FOLDERS:
+                shallow, names, _ = path[shallowest_open]
+                info = os.fstat(shallow)
+                os.close(shallow)
+                path[shallowest_open] = (-1, names, (info.st_dev, info.st_ino))
+                shallowest_open += 1
             size, folders = _read_folder(child, seen)
             total += size
-            stack[-1] = (child, iter(folders))
+            path[-1] = (child, iter(folders), _UNKNOWN)
     except OSError:
-        return None  # e.g. out of file descriptors
+        return None  # e.g. out of file descriptors, or a folder moved
     finally:
-        for folder, _ in stack:
-            os.close(folder)
+        for folder, _, _ in path:
+            if folder >= 0:
+                os.close(folder)
     return total
+
+
+def _parent(folder: int, ident: tuple[int, int]) -> int:
+    """The open folder ``folder``'s parent, opened again; OSError if it is not the folder ``ident`` (the agent moved
+    a folder meanwhile: the walk's count would not be the layer's)."""
+    parent = os.open("..", _OPEN_DIR, dir_fd=folder)
+    info = os.fstat(parent)
+    if (info.st_dev, info.st_ino) != ident:
+        os.close(parent)
+        raise OSError(errno.ESTALE, "a folder of the layer moved while it was walked")
+    return parent
 
 
 def _read_folder(folder: int, seen: set[int]) -> tuple[int, list[str]]:
