@@ -411,6 +411,48 @@ def test_filling_the_disk_past_storage_mb_ends_the_episode_as_the_agents_failure
     assert took < 15, f"the watchdog should end the episode within seconds, took {took:.1f} s"
 
 
+DEEP_NESTS = {
+    # 300 levels, one mkdir and cd at a time: deeper than any walk of one descriptor per level, and a path past
+    # PATH_MAX, where Docker 20.10 answers the layer's size as -1; the bulk written at the bottom.
+    "bulk-in-the-nest": "cd /root && for i in $(seq 300); do mkdir nest-of-twenty-chars && cd nest-of-twenty-chars; "
+    "done && for i in 1 2 3 4 5 6; do head -c 10000000 /dev/zero > fill$i; done\n",
+    # The nest made in three steps of a relative `mkdir -p` and holding nothing, only there to make the layer hard to
+    # measure; the bulk written in a shallow folder.
+    "bulk-beside-it": 'cd /tmp && p=$(printf "pkg-cache-entry-%03d/" $(seq 100)) && for s in 1 2 3; do '
+    'mkdir -p "$p" && cd "$p"; done; for i in 1 2 3 4 5 6; do head -c 10000000 /dev/zero > /var/tmp/blob$i; done\n',
+}
+
+
+@pytest.mark.parametrize("attack", DEEP_NESTS.values(), ids=DEEP_NESTS.keys())
+def test_a_nest_too_deep_to_measure_the_usual_way_still_ends_the_episode_at_storage_mb(task, attack):
+    """60 MB on a 32 MB task, in files under the per-file cap, with a folder nest the layer's usual measures could
+    not take. The layer is measured anyway (or counts as over if it cannot be): the watch ends the episode, or the
+    measurement before grading does (completion is claimed, then confirmed)."""
+    limited = dataclasses.replace(task, storage_mb=32)
+    with started(limited, mode="eval") as env:
+        env.step(reply(WRITE))
+        _, reward, terminated, _, info = play(env, [reply(attack, duration=120), *[reply(complete=True)] * 2])
+    assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT, info["episode"]
+    assert reward == 0.0 and info["masked"] is False and info["episode"]["fault"] == Fault.AGENT
+    error = info["episode"]["error"] or ""
+    assert "reached" in error and "storage limit is 32 MB" in error, "measured, where a walk can"
+
+
+def test_a_layer_docker_cannot_measure_ends_the_episode_as_over_storage_mb(task, monkeypatch):
+    """Where this process cannot read the layers (a remote engine), only Docker measures them, and Docker 20.10
+    answers -1 for the nest: a layer that cannot be measured counts as over the limit, and the error says so."""
+    monkeypatch.setattr("terminus_env.sandbox.sandbox.readable_layer", lambda upper_dir: None)
+    limited = dataclasses.replace(task, storage_mb=32)
+    with started(limited, mode="eval") as env:
+        env.step(reply(WRITE))
+        attack = DEEP_NESTS["bulk-in-the-nest"]
+        _, reward, terminated, _, info = play(env, [reply(attack, duration=120), *[reply(complete=True)] * 2])
+    assert terminated and info["end_reason"] == EndReason.RESOURCE_LIMIT, info["episode"]
+    assert reward == 0.0 and info["masked"] is False and info["episode"]["fault"] == Fault.AGENT
+    error = info["episode"]["error"] or ""
+    assert "32 MB" in error and ("could not be measured" in error or "reached" in error), error
+
+
 def test_one_file_larger_than_storage_mb_is_refused_outright(task):
     limited = dataclasses.replace(task, storage_mb=32)
     with started(limited, mode="eval") as env:

@@ -84,6 +84,9 @@ def test_errors_cross_the_wire_with_their_type_and_fields() -> None:
     disk = error_from_wire(error_to_wire(DiskLimitExceeded(120.5, 100)))
     assert isinstance(disk, DiskLimitExceeded) and (disk.used_mb, disk.limit_mb) == (120.5, 100)
     assert "the task's storage limit is 100 MB" in str(disk)
+    unmeasured = error_from_wire(error_to_wire(DiskLimitExceeded(None, 100, "Docker reported its size as -1")))
+    assert isinstance(unmeasured, DiskLimitExceeded) and unmeasured.used_mb is None
+    assert unmeasured.unmeasured == "Docker reported its size as -1" and "could not be measured" in str(unmeasured)
     build = error_from_wire(error_to_wire(ImageBuildError("t", "exit 3", "last line")))
     assert isinstance(build, ImageBuildError) and build.log_tail == "last line" and "exit 3" in str(build)
     other = error_from_wire(error_to_wire(KeyError("x")))

@@ -1,7 +1,8 @@
 """The disk watch: one thread per engine measures every sandbox's writable layer, by walking it or asking Docker.
 
-The attacks themselves (filling the disk, one huge file) are played through the env in test_attacks.py; here are the
-watch's parts: the rule, the walk (it must count what Docker counts and never follow the agent's links), and the
+The attacks themselves (filling the disk, one huge file, a nest too deep to measure) are played through the env in
+test_attacks.py; here are the watch's parts: the rules (a layer that cannot be measured is over its limit), the walk
+(it must count what Docker counts, at any depth, with few descriptors, and never follow the agent's links), and the
 two ways of measuring, each through the watch's own thread, on real containers.
 """
 
@@ -14,13 +15,24 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
+from docker.errors import APIError
 from sandbox_support import SPEC, Runner, run_fixture  # noqa: F401
 
-from terminus_env.sandbox import AgentCaused, Sandbox, disk
-from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, DiskWatch, Layer, disk_watch, over_limit
+from terminus_env.sandbox import AgentCaused, Sandbox, SandboxError, disk
+from terminus_env.sandbox.disk import (
+    HARD_LIMIT_HEADROOM_MB,
+    DiskWatch,
+    Layer,
+    Unmeasured,
+    Use,
+    disk_watch,
+    engine_use,
+    over_limit,
+)
 
 MB = 1024 * 1024
 THREAD = "terminus-env-disk-watch"
@@ -40,6 +52,106 @@ def test_a_layer_breaks_its_limit_once_past_it(used_mb: float, broken: bool) -> 
     filled layer is past the limit there too."""
     assert over_limit(int(used_mb * MB), 64) is broken
     assert over_limit((64 + HARD_LIMIT_HEADROOM_MB) * MB, 64)
+
+
+def test_a_layer_that_cannot_be_measured_is_past_its_limit() -> None:
+    assert over_limit(Unmeasured("Docker reported its size as -1"), 64)
+    assert over_limit(Unmeasured("no size"), 1_000_000)
+
+
+@pytest.mark.parametrize(("entry", "use"), [
+    ({"SizeRw": 5_000, "SizeRootFs": 9_000}, 5_000),
+    ({"SizeRootFs": 9_000}, 0),  # Docker leaves a SizeRw of 0 out; SizeRootFs shows it measured the layer
+    ({"SizeRw": -1, "SizeRootFs": 9_000}, None),  # Docker 20.10, when its own walk failed (a path past PATH_MAX)
+    ({"SizeRw": -7}, None),
+    ({"SizeRw": None, "SizeRootFs": 9_000}, None),
+    ({}, None),  # an engine that measured nothing
+    ({"SizeRootFs": 0}, None),
+    ({"SizeRw": "5000"}, None),
+    ({"SizeRw": True}, None),
+])  # fmt: skip
+def test_docker_answers_a_size_or_the_layer_is_unmeasured_never_0(entry: dict[str, Any], use: int | None) -> None:
+    if use is None:
+        assert isinstance(engine_use(entry), Unmeasured)
+        assert over_limit(engine_use(entry), 10_000)
+    else:
+        assert engine_use(entry) == use
+
+
+class Engine:
+    """A Docker client whose listing answers what a test says (an engine that cannot measure a layer)."""
+
+    def __init__(self, answer: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> None:
+        self.api = self
+        self.answer = answer
+        self.calls: list[dict[str, Any]] = []
+
+    def containers(self, *, all: bool, size: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        assert all and size
+        self.calls.append(filters)
+        return self.answer(filters)
+
+
+def docker_layer(container_id: str, limit_mb: int = 100) -> Layer:
+    return Layer(container_id, "engine", limit_mb, False, None)  # no folder here: only Docker can measure it
+
+
+@pytest.mark.parametrize("size_rw", [-1, None], ids=["minus-1", "none"])
+def test_a_layer_docker_cannot_measure_is_reported_past_its_limit(size_rw: int | None) -> None:
+    """Through the watch's own thread: Docker answered no size for a layer this process cannot walk."""
+    entry = {"Id": "c1", "SizeRootFs": 200_000_000, "SizeRw": size_rw}
+    watch = DiskWatch(Engine(lambda _: [entry]), interval_s=0.01)  # type: ignore[arg-type]
+    reports: list[Use] = []
+    reported = threading.Event()
+
+    def on_over(used: Use) -> None:
+        reports.append(used)
+        reported.set()
+
+    watch.add(docker_layer("c1"), on_over)
+    until(reported.is_set, "the watch reporting a layer Docker could not measure")
+    assert len(reports) == 1 and isinstance(reports[0], Unmeasured) and repr(size_rw) in reports[0].why
+    assert watch.watched == 0
+
+
+def test_a_refused_listing_is_asked_again_per_container_and_only_the_failing_layer_is_over() -> None:
+    """A newer engine fails a listing on a size it cannot take: one layer's failure must not pass for another's."""
+
+    def answer(filters: dict[str, Any]) -> list[dict[str, Any]]:
+        if "label" in filters or filters["id"] == ["deep"]:
+            raise APIError("500 Server Error", explanation="walking the layer: file name too long")
+        return [{"Id": filters["id"][0], "SizeRw": 1_000, "SizeRootFs": 9_000}]
+
+    engine = Engine(answer)
+    used = DiskWatch(engine).measure_all([docker_layer("deep"), docker_layer("fine")])  # type: ignore[arg-type]
+    assert used["fine"] == 1_000
+    assert isinstance(used["deep"], Unmeasured) and "file name too long" in used["deep"].why
+    assert len(engine.calls) == 3  # the listing of all, then one per container
+
+
+def test_an_engine_that_does_not_answer_is_asked_again_next_round() -> None:
+    """No answer at all is the infrastructure's (check_disk then fails the episode as such), not the layer's size."""
+
+    def answer(filters: dict[str, Any]) -> list[dict[str, Any]]:
+        raise docker.errors.DockerException("connection refused")
+
+    watch = DiskWatch(Engine(answer))  # type: ignore[arg-type]
+    assert watch.measure_all([docker_layer("c1")]) == {}
+    with pytest.raises(docker.errors.DockerException):
+        watch.measure(docker_layer("c1"))
+
+
+def test_an_engine_that_cannot_measure_a_new_layer_fails_the_start_not_the_agent() -> None:
+    """Before any agent runs: otherwise every episode there would end ``resource_limit``, the agent's 0."""
+    silent = DiskWatch(Engine(lambda filters: [{"Id": filters["id"][0]}]))  # type: ignore[arg-type]
+    with pytest.raises(SandboxError, match="Docker cannot measure a new sandbox's writable layer"):
+        silent.check_engine(docker_layer("c1"))
+    engine = Engine(lambda filters: [{"Id": filters["id"][0], "SizeRootFs": 9_000}])
+    fine = DiskWatch(engine)  # type: ignore[arg-type]
+    fine.check_engine(docker_layer("c1"))
+    fine.check_engine(docker_layer("c2"))
+    fine.check_engine(Layer("c3", "engine", 100, False, "/walked/here"))
+    assert len(engine.calls) == 1  # once per engine, and never for a layer this process walks
 
 
 def test_the_walk_counts_files_once_and_never_follows_links(tmp_path: Path) -> None:
@@ -153,9 +265,26 @@ def test_the_walk_counts_what_docker_counts(run: Runner, sandboxes: list[Sandbox
     )
     assert run(sandbox.exec(script, 30)).exit_code == 0
     walked = disk._walk(sandbox._layer.upper_dir)  # noqa: SLF001
-    asked = disk._engine_sizes(sandbox._client, [sandbox.id])[sandbox.id]  # noqa: SLF001
+    asked = disk._engine_uses(sandbox._client, [sandbox.id])[sandbox.id]  # noqa: SLF001
     assert walked == asked
     assert walked >= 3_000_000 + 12_345
+
+
+def test_a_nest_docker_cannot_measure_is_walked(run: Runner, sandboxes: list[Sandbox]) -> None:
+    """300 levels in a real layer, a path past PATH_MAX: the walk counts it all; Docker counts it too, or says it
+    cannot (20.10 answers -1), which counts as over the limit."""
+    sandbox = sandboxes[0]
+    upper = sandbox._layer.upper_dir  # noqa: SLF001
+    before = disk._walk(upper)
+    nest = "cd /root && for i in $(seq 300); do mkdir nest-of-twenty-chars && cd nest-of-twenty-chars; done"
+    assert run(sandbox.exec(f"{nest} && head -c 4000000 /dev/zero > data", 60)).exit_code == 0
+    try:
+        walked = disk._walk(upper)
+        assert before is not None and walked == before + 4_000_000
+        asked = disk._engine_uses(sandbox._client, [sandbox.id])[sandbox.id]  # noqa: SLF001
+        assert asked == walked or (isinstance(asked, Unmeasured) and over_limit(asked, 10_000))
+    finally:
+        run(sandbox.exec("rm -rf /root/nest-of-twenty-chars", 60))
 
 
 @pytest.mark.parametrize("way", ["walk", "docker"])
@@ -165,17 +294,17 @@ def test_the_watch_reports_a_layer_past_its_limit_once(run: Runner, sandboxes: l
     sandbox = sandboxes[1 if way == "walk" else 2]
     upper = sandbox._layer.upper_dir if way == "walk" else None  # noqa: SLF001
     watch = DiskWatch(docker.from_env(), interval_s=0.2)
-    reports: list[float] = []
+    reports: list[Use] = []
     reported = threading.Event()
-    rounds: list[dict[str, int]] = []  # what each of the watch's rounds measured
+    rounds: list[dict[str, Use]] = []  # what each of the watch's rounds measured
     measure_all = watch.measure_all
 
-    def measured(layers: list[Layer]) -> dict[str, int]:
+    def measured(layers: list[Layer]) -> dict[str, Use]:
         rounds.append(measure_all(layers))
         return rounds[-1]
 
-    def on_over(used_mb: float) -> None:
-        reports.append(used_mb)
+    def on_over(used: Use) -> None:
+        reports.append(used)
         reported.set()
 
     watch.measure_all = measured  # type: ignore[method-assign]
@@ -185,7 +314,7 @@ def test_the_watch_reports_a_layer_past_its_limit_once(run: Runner, sandboxes: l
     assert run(sandbox.exec("head -c 6000000 /dev/zero > /root/fill", 30)).exit_code == 0
     until(reported.is_set, f"the watch ({way}) seeing 6 MB over a 5 MB limit")
     until(lambda: watch._thread is None, "the watch's thread ending with nothing to watch")  # noqa: SLF001
-    assert len(reports) == 1 and reports[0] > 5  # past the limit when seen (maybe mid-write, on a slow machine)
+    assert len(reports) == 1 and reports[0] > 5 * MB  # past the limit when seen (maybe mid-write, on a slow machine)
     assert watch.watched == 0  # reported once, then no longer watched: no round can report it again
     run(sandbox.exec("rm -f /root/fill", 30))
 

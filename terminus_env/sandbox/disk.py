@@ -12,6 +12,10 @@ gets a hard limit ``HARD_LIMIT_HEADROOM_MB`` above ``storage_mb``: the agent's w
 seen past ``storage_mb`` and is judged as on any other engine, and one file up to the limit still meets the per-file
 cap first. There the kernel keeps the count: one ``statvfs`` of the layer reads its project quota's use, whatever the
 layer holds (files deleted while held open included).
+
+The limit fails closed: a layer whose size cannot be had by any of these ways counts as over its limit
+(:class:`Unmeasured`), never as 0: Docker 20.10 answers ``SizeRw`` -1 for a layer holding a path longer than
+PATH_MAX, and a layer read as 0 there would grow without end.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import docker
-from docker.errors import DockerException
+from docker.errors import APIError, DockerException
 
+from terminus_env.sandbox.errors import SandboxError
 from terminus_env.sandbox.layer_diff import LayerFolders
 from terminus_env.sandbox.owner import LABEL, PID_LABEL
 
@@ -53,13 +59,38 @@ class Layer:
     """The layer's and the image's folders on this machine, where the grade reads the changes itself."""
 
 
-def over_limit(used_bytes: int, limit_mb: int) -> bool:
-    """Whether a layer of ``used_bytes`` broke its limit of ``limit_mb``."""
-    return used_bytes > limit_mb * _MB
+@dataclass(frozen=True)
+class Unmeasured:
+    """A layer whose size could be had neither by walking it nor from Docker; it counts as over its limit."""
+
+    why: str
+    """What failed, for the episode's error."""
 
 
-OnOver = Callable[[float], None]
-"""Called once, from the watch's thread, with the MB a layer used when it broke its limit."""
+Use = int | Unmeasured
+"""A layer's use: its bytes, or why it could not be measured."""
+
+
+def over_limit(used: Use, limit_mb: int) -> bool:
+    """Whether a layer broke its limit of ``limit_mb``: past it, not at it. A layer that could not be measured has
+    broken it: read as 0, it could grow without end."""
+    return isinstance(used, Unmeasured) or used > limit_mb * _MB
+
+
+def engine_use(entry: Mapping[str, Any]) -> Use:
+    """A layer's use from Docker's listing of its container (``containers(size=True)``). Docker leaves ``SizeRw`` out
+    when it is 0 (``SizeRootFs``, the image's files and the layer's, then shows it measured) and answers -1 where its
+    own walk failed (Docker 20.10: a path longer than PATH_MAX); anything but a size is unmeasured, never 0."""
+    size, total = entry.get("SizeRw"), entry.get("SizeRootFs")
+    if "SizeRw" not in entry and isinstance(total, int) and total > 0:
+        return 0
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    return Unmeasured(f"Docker reported its size as {size!r}" if "SizeRw" in entry else "Docker reported no size")
+
+
+OnOver = Callable[[Use], None]
+"""Called once, from the watch's thread, with the use of a layer that broke its limit."""
 
 
 class DiskWatch:
@@ -71,6 +102,7 @@ class DiskWatch:
         self._layers: dict[str, tuple[Layer, OnOver]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._engine_measures = False
 
     def add(self, layer: Layer, on_over: OnOver) -> None:
         """Watch ``layer`` until it breaks its limit (``on_over`` is called, once) or is removed."""
@@ -89,25 +121,43 @@ class DiskWatch:
         with self._lock:
             return len(self._layers)
 
-    def measure(self, layer: Layer) -> int | None:
-        """The bytes ``layer`` holds now (blocking), or None when its container is gone. Raises DockerException (or
+    def measure(self, layer: Layer) -> Use | None:
+        """What ``layer`` holds now (blocking), or None when its container is gone. Raises DockerException (or
         OSError) when Docker had to be asked and did not answer."""
         used, ask = _measure_here([layer])
         if ask:
-            used = _engine_sizes(self._client, ask)
+            used = _engine_uses(self._client, ask)
         return used.get(layer.container_id)
 
-    def measure_all(self, layers: list[Layer]) -> dict[str, int]:
-        """Bytes per container id, for the layers that still exist: walked where this process can, one call to
-        Docker for the rest (their sizes are left out when it does not answer: the next round asks again)."""
+    def measure_all(self, layers: list[Layer]) -> dict[str, Use]:
+        """The use per container id, for the layers that still exist: walked where this process can, one call to
+        Docker for the rest (left out when the engine does not answer at all: the next round asks again)."""
         used, ask = _measure_here(layers)
         if ask:
             try:
-                sizes = _engine_sizes(self._client, ask)
+                uses = _engine_uses(self._client, ask)
             except (DockerException, OSError):
-                sizes = {}
-            used.update((container_id, sizes[container_id]) for container_id in ask if container_id in sizes)
+                uses = {}
+            used.update((container_id, uses[container_id]) for container_id in ask if container_id in uses)
         return used
+
+    def check_engine(self, layer: Layer) -> None:
+        """Before the agent's first turn, once per engine, that Docker can measure a layer this process cannot walk:
+        on an engine that reports no sizes every episode would end ``resource_limit``, blamed on the agent. Raises
+        SandboxError, saying what to do."""
+        if layer.upper_dir is not None or self._engine_measures:
+            return
+        try:
+            used = self.measure(layer)
+        except (DockerException, OSError) as exc:
+            raise SandboxError(f"cannot measure sandbox {layer.container_id[:12]}'s disk use: {exc}") from exc
+        if isinstance(used, Unmeasured):
+            raise SandboxError(
+                f"Docker cannot measure a new sandbox's writable layer ({used.why}), so the task's storage limit "
+                "cannot be held; run the sandboxes where this process can read Docker's data root (a local engine, "
+                "as root) or on a storage driver that reports container sizes (`docker ps --size`)"
+            )
+        self._engine_measures = used is not None
 
     def _run(self) -> None:
         while True:
@@ -116,13 +166,13 @@ class DiskWatch:
                 if not watched:
                     self._thread = None
                     return
-            for container_id, size in self.measure_all([layer for layer, _ in watched.values()]).items():
+            for container_id, used in self.measure_all([layer for layer, _ in watched.values()]).items():
                 layer, on_over = watched[container_id]
-                if over_limit(size, layer.limit_mb):
+                if over_limit(used, layer.limit_mb):
                     with self._lock:
                         reported = self._layers.pop(container_id, None) is not None
                     if reported:
-                        on_over(size / _MB)
+                        on_over(used)
             time.sleep(self._interval_s)
 
 
@@ -141,14 +191,22 @@ def disk_watch(client: docker.DockerClient, engine: str) -> DiskWatch:
         return watch
 
 
-def _engine_sizes(client: docker.DockerClient, container_ids: list[str]) -> dict[str, int]:
-    """SizeRw of the containers: one call, for one of them or for every sandbox this process owns there."""
+def _engine_uses(client: docker.DockerClient, container_ids: list[str]) -> dict[str, Use]:
+    """The containers' use as Docker measures it: one call, for one of them or for every sandbox this process owns
+    there. An engine that refuses the listing (a newer Docker fails it on a size it cannot take) is asked once per
+    container, so one layer's failure is that layer's: Unmeasured. Raises DockerException (or OSError) when the
+    engine does not answer at all."""
     if len(container_ids) == 1:
         filters: dict[str, object] = {"id": container_ids}
     else:
         filters = {"label": [LABEL, f"{PID_LABEL}={os.getpid()}"]}
-    found = client.api.containers(all=True, size=True, filters=filters)
-    return {entry["Id"]: entry.get("SizeRw") or 0 for entry in found}
+    try:
+        found = client.api.containers(all=True, size=True, filters=filters)
+    except APIError as exc:
+        if len(container_ids) > 1:
+            return {key: use for one in container_ids for key, use in _engine_uses(client, [one]).items()}
+        return {container_ids[0]: Unmeasured(f"Docker answered {exc.explanation or exc}")}
+    return {entry["Id"]: engine_use(entry) for entry in found}
 
 
 def readable_layer(upper_dir: str | None) -> str | None:
@@ -162,10 +220,10 @@ def readable_layer(upper_dir: str | None) -> str | None:
     return upper_dir
 
 
-def _measure_here(layers: list[Layer]) -> tuple[dict[str, int], list[str]]:
+def _measure_here(layers: list[Layer]) -> tuple[dict[str, Use], list[str]]:
     """Bytes per container id of the layers this machine can measure (gone ones left out), and the ids of the
     layers only Docker can measure."""
-    used: dict[str, int] = {}
+    used: dict[str, Use] = {}
     ask: list[str] = []
     for layer in layers:
         try:

@@ -87,18 +87,28 @@ class ResourcesExhausted(AgentCaused):
 
 
 class DiskLimitExceeded(AgentCaused):
-    """The agent wrote more than the task's ``storage_mb`` into the container, or filled it where the engine
-    enforces the limit itself."""
+    """The agent wrote more than the task's ``storage_mb`` into the container, filled it where the engine enforces
+    the limit itself, or made its writable layer impossible to measure (``used_mb`` None, ``unmeasured`` says why),
+    which counts as over the limit: otherwise it could grow without end."""
 
     shows: ClassVar[Failure] = Failure.AGENT_LIMIT
 
-    def __init__(self, used_mb: float, limit_mb: int) -> None:
+    def __init__(self, used_mb: float | None, limit_mb: int, unmeasured: str = "") -> None:
         self.used_mb = used_mb
         self.limit_mb = limit_mb
-        super().__init__(
-            f"the sandbox's writable layer reached {used_mb:.0f} MB, and the task's storage limit is {limit_mb} MB; "
-            "the agent's processes were stopped"
-        )
+        self.unmeasured = unmeasured
+        if used_mb is None:
+            message = (
+                f"the sandbox's writable layer could not be measured ({unmeasured}), which counts as past the task's "
+                f"storage limit of {limit_mb} MB; the agent's processes were stopped (where this process can read "
+                "Docker's data root, as root beside a local engine, it walks the layer instead of asking Docker)"
+            )
+        else:
+            message = (
+                f"the sandbox's writable layer reached {used_mb:.0f} MB, and the task's storage limit is {limit_mb} "
+                "MB; the agent's processes were stopped"
+            )
+        super().__init__(message)
 
 
 def error_kinds() -> dict[str, type[SandboxError]]:

@@ -36,7 +36,15 @@ from terminus_env.rules import lost_by_agent
 from terminus_env.sandbox.archives import tar_dir, tar_file
 from terminus_env.sandbox.channel import LOG_PREFIX, Channel, ChannelFolder, Route, channel_route
 from terminus_env.sandbox.cleanup import REGISTRY, remove_container
-from terminus_env.sandbox.disk import HARD_LIMIT_HEADROOM_MB, Layer, disk_watch, over_limit, readable_layer
+from terminus_env.sandbox.disk import (
+    HARD_LIMIT_HEADROOM_MB,
+    Layer,
+    Unmeasured,
+    Use,
+    disk_watch,
+    over_limit,
+    readable_layer,
+)
 from terminus_env.sandbox.docker_client import connect
 from terminus_env.sandbox.errors import DiskLimitExceeded, SandboxError, SandboxLost
 from terminus_env.sandbox.layer_diff import LayerDiff, LayerFolders, layer_diff
@@ -152,6 +160,8 @@ class Sandbox:
             if handover != "ready":  # read the log while the channel holds the container: hung up, it is removed
                 raise SandboxError(await asyncio.to_thread(_handover_failure, client, container_id, spec, handover))
             terminal = await Terminal.start(channel, user=user, workdir=workdir)
+            if layer.upper_dir is None:  # only Docker can measure it: can it here?
+                await asyncio.to_thread(disk_watch(client, layer.engine).check_engine, layer)
         except BaseException:
             await asyncio.to_thread(_discard, client, container_id)
             if channel is not None:  # its reading task and its folder go too (Channel.open cleans up after itself)
@@ -256,7 +266,7 @@ class Sandbox:
             if used is None:
                 raise SandboxLost(f"container {self.id[:12]} is gone")
             if over_limit(used, self._layer.limit_mb):
-                self._disk_over(used / _MB)
+                self._disk_over(used)
         if self._stopping is not None:
             await asyncio.gather(self._stopping, return_exceptions=True)
         return self._violation
@@ -312,17 +322,20 @@ class Sandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _on_disk_over(self, used_mb: float) -> None:
+    def _on_disk_over(self, used: Use) -> None:
         """The disk watch's report, from its thread: handled on this sandbox's loop."""
         try:
-            self._loop.call_soon_threadsafe(self._disk_over, used_mb)
+            self._loop.call_soon_threadsafe(self._disk_over, used)
         except RuntimeError:
             pass  # the loop is closed: so is this sandbox, and its container goes with its channel
 
-    def _disk_over(self, used_mb: float) -> None:
+    def _disk_over(self, used: Use) -> None:
         if self._violation is not None or self._closed:
             return
-        self._violation = DiskLimitExceeded(used_mb, self._layer.limit_mb)
+        if isinstance(used, Unmeasured):
+            self._violation = DiskLimitExceeded(None, self._layer.limit_mb, used.why)
+        else:
+            self._violation = DiskLimitExceeded(used / _MB, self._layer.limit_mb)
         self._disk.remove(self.id)
         self._stopping = self._loop.create_task(self._stop_after_violation())
 
