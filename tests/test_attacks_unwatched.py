@@ -77,7 +77,7 @@ def test_the_verifier_may_use_shared_memory_of_its_own(tmp_path, tiny_task_dir):
 # A folder nest whose real path is longer than PATH_MAX (4,096): /proc cannot name a file there, so the watch
 # could not say what the verifier opened, and skipped it. Two links, each under PATH_MAX, lead there from /app.
 LEVEL = "d" * 200
-NEST = f"n=$(printf 'd%.0s' $(seq 200)); cd /opt && for i in $(seq 24); do mkdir $n && cd $n; done; "
+NEST = "n=$(printf 'd%.0s' $(seq 200)); cd /opt && for i in $(seq 24); do mkdir $n && cd $n; done; "
 HALF = "ln -s /opt/" + f"{LEVEL}/" * 12 + " /app/half && "
 LONG_ATTACKS = {
     "pytest-package": (
