@@ -11,9 +11,14 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from terminus_env.sandbox.inside import packages as inside_packages
 from terminus_env.sandbox.package_proof import dearmored, unzstd
@@ -213,3 +218,78 @@ def test_an_archive_the_container_lost_is_looked_for_on_the_images_own_mirror_on
     }  # not a source the image names, nor an index no signature covers
     assert mirror_prefix("http://user@deb.debian.org/debian/") == "deb.debian.org_debian"
     assert mirror_prefix("file:/opt/repo") is None
+
+
+class _Daemon:
+    since = time.time() + 3600.0
+    """Every file here is older than the container: the image's own, unchanged, as far as the walk can tell."""
+
+
+SWAPS = {
+    "renamed-over": lambda path, crafted: os.replace(crafted, path),
+    "link": lambda path, crafted: (path.unlink(), path.symlink_to(crafted)),
+    "written-in-place": lambda path, crafted: path.write_bytes(crafted.read_bytes()),
+    "fifo": lambda path, crafted: (path.unlink(), os.mkfifo(path)),
+}
+
+
+@pytest.mark.parametrize("swap", sorted(SWAPS))
+def test_an_archive_swapped_right_after_the_daemon_checked_it_is_never_read_as_the_images_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    """The host trusts an unchanged archive without a signature. A process of the agent's, still running while the
+    daemon walks for archives, swaps its own archive (or a link to it, or a FIFO) in at the image's archive's path
+    the moment the daemon has looked at it. Whatever the daemon then reads must be what it checked: the image's bytes,
+    or bytes it says changed."""
+    genuine, crafted = deb({"/usr/bin/gpgconf": GENUINE}), deb({"/usr/bin/gpgconf": TROJAN})
+    path = tmp_path / "archives" / "gpgconf_2.2.40-1.1_amd64.deb"
+    path.parent.mkdir()
+    path.write_bytes(genuine)
+    os.utime(path, (1e9, 1e9))  # as old as an image's file: a write now shows
+    (tmp_path / "crafted.deb").write_bytes(crafted)
+    swapped: list[str] = []
+    real_lstat, real_fstat = os.lstat, os.fstat
+
+    def checked(info: os.stat_result) -> os.stat_result:
+        """The swap, done as soon as the daemon has its answer about the archive (by name or by descriptor)."""
+        if not swapped:
+            swapped.append(swap)
+            SWAPS[swap](path, tmp_path / "crafted.deb")
+        return info
+
+    def lstat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        info = real_lstat(name, *args, **kwargs)
+        return checked(info) if os.fspath(name) == str(path) else info
+
+    def fstat(fd: int) -> os.stat_result:
+        info = real_fstat(fd)
+        return checked(info) if os.readlink(f"/proc/self/fd/{fd}") == str(path) else info
+
+    monkeypatch.setattr(os, "walk", lambda top, *args, **kwargs: iter([(str(path.parent), [], [path.name])]))
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "fstat", fstat)
+    found = inside_packages._archives(_Daemon(), {"gpgconf"})
+    monkeypatch.undo()
+    assert swapped == [swap]
+    trusted = [item for item in found if not item["changed"]]
+    assert all(base64.b64decode(item["data"]) == genuine for item in trusted), f"{swap}: the agent's archive passed"
+    facts = PackageFacts(archives=tuple(Archive(i["path"], i["changed"], base64.b64decode(i["data"])) for i in found))
+    assert proven(facts, frozenset(), Candidates({"/usr/bin/gpgconf": sha(TROJAN)}, {})) == frozenset()
+
+
+def test_the_images_own_archive_left_alone_is_read_as_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swaps' counterpart: with nothing swapped, the image's archive still proves its files without a signature."""
+    genuine = deb({"/usr/bin/gpgconf": GENUINE})
+    path = tmp_path / "gpgconf_2.2.40-1.1_amd64.deb"
+    path.write_bytes(genuine)
+    (tmp_path / "gpgconf_link_amd64.deb").symlink_to(path)  # a link is never followed, even to the image's own
+    monkeypatch.setattr(
+        os, "walk", lambda top, *args, **kwargs: iter([(str(tmp_path), [], sorted(os.listdir(tmp_path)))])
+    )
+    found = inside_packages._archives(_Daemon(), {"gpgconf"})
+    monkeypatch.undo()
+    assert [(item["path"], item["changed"], base64.b64decode(item["data"])) for item in found] == [
+        (str(path), False, genuine)
+    ]
