@@ -12,6 +12,7 @@ import binascii
 import dataclasses
 import hashlib
 import io
+import logging
 import re
 import shutil
 import subprocess
@@ -58,6 +59,7 @@ PACKAGES_WAIT_S = 120.0
 """How long the daemon may take to gather the facts (it walks the file system for the archives)."""
 GPGV_WAIT_S = 60.0
 MAX_KEYRING_BYTES = 8 << 20
+_log = logging.getLogger(__name__)
 _trust: dict[str, ImageTrust] = {}
 _trust_lock = threading.Lock()
 _fetched: dict[str, bytes] = {}
@@ -71,7 +73,8 @@ async def lift_packaged(
     container_id: str,
 ) -> tuple[Finding, ...]:  # fmt: skip
     """``findings`` less those on files and links proved a package's own (``provenance.py``); ``request`` asks the
-    container's daemon."""
+    container's daemon. It never raises (but for cancellation): whatever fails leaves the findings as they are, and
+    the grade goes on."""
     wanted = candidates(findings, report)
     if not wanted.paths:
         return findings
@@ -91,6 +94,9 @@ async def lift_packaged(
                 fresh = dataclasses.replace(facts, archives=fetched)
                 done |= await asyncio.to_thread(proven, fresh, signed, wanted, unzstd)
     except (SandboxError, DockerException, OSError, KeyError, ValueError):
+        return findings
+    except Exception as exc:  # anything else (a cut tar of the image's files, an answer no one foresaw): no proof
+        _log.warning("the package proof failed, its findings stand: %s: %s", type(exc).__name__, exc)
         return findings
     return without_proven(findings, done)
 

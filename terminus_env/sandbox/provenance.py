@@ -25,9 +25,12 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import importlib
 import io
+import lzma
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +51,21 @@ MAX_LINK_HOPS = 16
 AR_MAGIC = b"!<arch>\n"
 Unzstd = Callable[[bytes], "bytes | None"]
 """Decompresses a zstd stream (None if it cannot): the one step of a proof that needs a program."""
+
+
+def _unreadable() -> tuple[type[Exception], ...]:
+    errors: list[type[Exception]] = [tarfile.TarError, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError]
+    try:  # Python 3.14's tarfile opens zstd streams itself
+        errors.append(importlib.import_module("compression.zstd").ZstdError)
+    except (ImportError, AttributeError):
+        pass
+    return tuple(errors)
+
+
+UNREADABLE = _unreadable()
+"""What reading a package archive's data can raise: a bad header (``TarError``, ``ValueError``), a compressed
+stream that is corrupt (``zlib.error``, ``LZMAError``, bz2's and gzip's ``OSError``, ``ZstdError``) or cut short
+(``EOFError``). Such an archive proves nothing; it never fails the proof of the others, nor the grade."""
 
 
 @dataclass(frozen=True)
@@ -158,13 +176,13 @@ def deb_members(
 ) -> dict[str, Member]:
     """The members of a package archive's data (``ar`` holding ``data.tar.*``) by canonical path: links all, files
     only where ``wanted`` (with their hashes). Empty if it is not an archive this can read (a zstd one without
-    ``unzstd``)."""
+    ``unzstd``, a corrupt or truncated one: ``UNREADABLE``)."""
     merged = tuple(merged)
-    payload = _data_tar(data, unzstd)
-    if payload is None:
-        return {}
     members: dict[str, Member] = {}
     try:
+        payload = _data_tar(data, unzstd)
+        if payload is None:
+            return {}
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
             for info in tar:
                 name = info.name[2:] if info.name.startswith("./") else info.name
@@ -175,7 +193,7 @@ def deb_members(
                     handle = tar.extractfile(info)
                     if handle is not None:
                         members[path] = Member(sha256=hashlib.sha256(handle.read()).hexdigest())
-    except (tarfile.TarError, OSError, EOFError):
+    except UNREADABLE:
         return {}
     return members
 
@@ -191,6 +209,8 @@ def _data_tar(data: bytes, unzstd: Unzstd | None) -> bytes | None:
         try:
             size = int(header[48:58].decode("ascii").strip())
         except ValueError:
+            return None
+        if size < 0:  # a negative size would walk back (-60: forever)
             return None
         body = data[offset + 60 : offset + 60 + size]
         offset += 60 + size + (size & 1)
