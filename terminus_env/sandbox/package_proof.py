@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import http.client
 import io
 import logging
 import re
@@ -19,6 +20,9 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,14 +46,20 @@ from terminus_env.sandbox.provenance import (
 from terminus_env.sandbox.tamper import Finding, WatchReport
 
 __all__ = [
-    "KEYRING_PLACES", "SOURCE_PLACES", "ImageTrust", "dearmored", "image_trust", "lift_packaged", "signed_text",
-    "unzstd",
+    "KEYRING_PLACES", "SOURCE_PLACES", "ImageTrust", "dearmored", "fetch_archives", "image_trust", "lift_packaged",
+    "signed_text", "unzstd",
 ]  # fmt: skip
 
 KEYRING_PLACES = ("/etc/apt/trusted.gpg", "/etc/apt/trusted.gpg.d", "/etc/apt/keyrings", "/usr/share/keyrings")
 """Where apt finds the keys it trusts (a source's ``signed-by`` names a file in one of the last two)."""
 SOURCE_PLACES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d")
-FETCH_WAIT_S = 60.0
+FETCH_TOTAL_S = 60.0
+"""How long one grading waits on the image's mirrors, all its archives together: what is not fetched by then stays
+unproved (its findings stand)."""
+FETCH_STALL_S = 20.0
+"""How long one connection or read waits on a mirror: a fetch ends at most this long after FETCH_TOTAL_S."""
+MIRROR_DOWN_S = 600.0
+"""A mirror that did not answer, or not in time, is not asked again for this long by any grading of this process."""
 MAX_FETCHED = 16
 """Archives fetched for one grading at most (each owner of a candidate has one or two: its suite and its updates)."""
 MAX_FETCHED_BYTES = 256 << 20
@@ -64,8 +74,15 @@ _trust: dict[str, ImageTrust] = {}
 _trust_lock = threading.Lock()
 _fetched: dict[str, bytes] = {}
 _fetched_lock = threading.Lock()
+_down: dict[str, float] = {}
+"""Mirrors (scheme, host and port) that failed, with when (by the fetch's clock)."""
+_down_lock = threading.Lock()
 
 Request = Callable[..., Awaitable[dict[str, Any]]]
+Clock = Callable[[], float]
+Download = Callable[[str, float], "bytes | None"]
+"""Fetches an address in at most the seconds given: its bytes, or None where the mirror answered without them; it
+raises (``OSError``, ``HTTPException``) where the mirror did not answer, or not in time."""
 
 
 async def lift_packaged(
@@ -89,7 +106,7 @@ async def lift_packaged(
         ])  # fmt: skip
         done = await asyncio.to_thread(proven, facts, signed, wanted, unzstd)
         if len(done) < len(wanted.paths):  # archives the container no longer holds, from the image's mirror
-            fetched = await asyncio.to_thread(_fetch_all, missing_archives(facts, signed, trust.mirrors))
+            fetched = await asyncio.to_thread(fetch_archives, missing_archives(facts, signed, trust.mirrors))
             if fetched:  # a proof is per archive: only the fetched ones are left to read
                 fresh = dataclasses.replace(facts, archives=fetched)
                 done |= await asyncio.to_thread(proven, fresh, signed, wanted, unzstd)
@@ -196,32 +213,72 @@ def _source_uris(archive: bytes) -> list[str]:
     return uris
 
 
-def _fetch_all(addresses: Mapping[str, str]) -> tuple[Archive, ...]:
-    """The archives at ``addresses`` (hash: address) whose bytes have that hash; at most MAX_FETCHED of them."""
+def fetch_archives(
+    addresses: Mapping[str, str], download: Download | None = None, clock: Clock = time.monotonic
+) -> tuple[Archive, ...]:
+    """The archives at ``addresses`` (hash: address) whose bytes have that hash: at most MAX_FETCHED, all within
+    FETCH_TOTAL_S, none from a mirror that failed in the last MIRROR_DOWN_S. The grading waits on this: without a
+    total, 16 archives from a mirror that never answers held it 16 minutes, and every grading after it again."""
+    end = clock() + FETCH_TOTAL_S
     fetched = []
     for digest, address in list(addresses.items())[:MAX_FETCHED]:
-        data = _fetch(address, digest)
+        with _fetched_lock:
+            data = _fetched.get(digest)
+        if data is None:
+            data = _fetch(address, digest, download or _download, clock, end)
         if data is not None:
             fetched.append(Archive(address, True, data))
     return tuple(fetched)
 
 
-def _fetch(address: str, digest: str) -> bytes | None:
-    with _fetched_lock:
-        if digest in _fetched:
-            return _fetched[digest]
-    try:
-        with urllib.request.urlopen(address, timeout=FETCH_WAIT_S) as answer:  # noqa: S310 (http or https only)
-            data = answer.read(MAX_FETCHED_BYTES + 1)
-    except (OSError, ValueError):
+def _fetch(address: str, digest: str, download: Download, clock: Clock, end: float) -> bytes | None:
+    mirror = _mirror(address)
+    now = clock()
+    with _down_lock:
+        failed = _down.get(mirror)
+    if now >= end or (failed is not None and now - failed < MIRROR_DOWN_S):
         return None
-    if len(data) > MAX_FETCHED_BYTES or hashlib.sha256(data).hexdigest() != digest:
+    try:
+        data = download(address, end - now)
+    except (OSError, http.client.HTTPException):
+        with _down_lock:
+            _down[mirror] = clock()
+        return None
+    if data is None or len(data) > MAX_FETCHED_BYTES or hashlib.sha256(data).hexdigest() != digest:
         return None
     with _fetched_lock:
         _fetched[digest] = data
         while sum(len(kept) for kept in _fetched.values()) > MAX_KEPT_BYTES and len(_fetched) > 1:
             _fetched.pop(next(iter(_fetched)))
     return data
+
+
+def _mirror(address: str) -> str:
+    parts = urllib.parse.urlsplit(address)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2].lower()}"
+
+
+def _download(address: str, timeout: float, clock: Clock = time.monotonic) -> bytes | None:
+    """``address``'s bytes within ``timeout`` seconds, each wait on the mirror at most FETCH_STALL_S (a mirror that
+    sends a byte now and then is cut off too); None where it answered without them (an HTTP error, too large)."""
+    end = clock() + timeout
+    try:
+        answer = urllib.request.urlopen(address, timeout=min(FETCH_STALL_S, timeout))  # noqa: S310 (http(s) only)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return None
+    except ValueError:
+        return None
+    with answer:
+        data = bytearray()
+        while len(data) <= MAX_FETCHED_BYTES:
+            if clock() >= end:
+                raise TimeoutError(f"{address}: not fetched in {timeout:.0f} s")
+            chunk = answer.read1(1 << 20)  # one read of the socket at most
+            if not chunk:
+                return bytes(data)
+            data += chunk
+    return None
 
 
 def dearmored(text: bytes) -> list[bytes]:
