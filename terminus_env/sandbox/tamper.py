@@ -141,12 +141,14 @@ class Relink:
 
 @dataclass(frozen=True)
 class RewardOpen:
-    """An open of the reward file that the daemon refused: the process had run code the agent provided, or had
-    left the test script's process tree."""
+    """An open of the reward file by a process not to be trusted with it: it had run code the agent provided, or had
+    left the test script's process tree. ``refused``: the daemon refused it (training); evaluation lets it write,
+    as Harbor does, and reports it."""
 
     path: str
     pid: int
     why: str
+    refused: bool = True
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ class WatchReport:
         )  # fmt: skip
         relinked = tuple(_relink(item) for item in reply.get("relinked", ()))
         watch = reply.get("watch") or {}
-        refused = tuple(RewardOpen(r["path"], int(r["pid"]), r["why"]) for r in watch.get("reward_refused", ()))
+        refused = tuple(RewardOpen(r["path"], int(r["pid"]), r["why"], bool(r.get("refused", True)))
+                        for r in watch.get("reward_refused", ()))  # fmt: skip
         signal = watch.get("runner_signal")
         links = tuple(_relink(item) for item in reply.get("links", ()))
         return cls(
@@ -261,7 +264,8 @@ def judge(
         findings.append(Finding(TamperKind.UNWATCHED, "", f"the verifier's watch lost events{lost}"))
     for refused in report.reward_refused:
         who = f"pid {refused.pid} {refused.why}" if refused.pid else refused.why
-        findings.append(Finding(TamperKind.REWARD_FORGED, refused.path, f"{who}: refused"))
+        outcome = "refused" if refused.refused else "allowed: evaluation keeps the reward it wrote, as Harbor does"
+        findings.append(Finding(TamperKind.REWARD_FORGED, refused.path, f"{who}: {outcome}"))
     if report.runner_signal is not None:
         findings.append(Finding(TamperKind.RUNNER_KILLED, "", f"the test script was killed by signal "
                                 f"{report.runner_signal}, which the sandbox did not send"))  # fmt: skip

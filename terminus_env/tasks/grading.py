@@ -73,8 +73,11 @@ class GradeResult:
     `OUTPUT_CAP` characters), and ``reward.txt``, ``reward.json``, ``ctrf.json`` where it wrote them whole."""
 
 
-async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
+async def grade(sandbox: Sandbox, task: Task, *, refuse_untrusted_rewards: bool = True) -> GradeResult:
     """Run the verifier once on the host's side, with fresh tests, and read its reward.
+
+    ``refuse_untrusted_rewards``: a process that ran the agent's code may not write the reward (training); False
+    lets it, as Harbor does, and lists it among the findings (evaluation).
 
     Raises ``ResourcesExhausted`` when the agent's processes left no pid or memory to start the verifier with, or
     when the container hit its pids or memory limit while the verifier ran (a starved verifier proves nothing).
@@ -89,7 +92,7 @@ async def grade(sandbox: Sandbox, task: Task) -> GradeResult:
         tests_archive(task), command, task.verifier_timeout_s,
         user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything
         env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON, CTRF_REPORT),
-        max_bytes=_LOG_READ_BYTES,
+        max_bytes=_LOG_READ_BYTES, refuse_untrusted_rewards=refuse_untrusted_rewards,
     )  # fmt: skip
     if run.limits_hit:
         raise ResourcesExhausted(f"the container hit its {' and '.join(run.limits_hit)} limit while the verifier ran")

@@ -84,7 +84,7 @@ def _verify(daemon, req):
         cleanup.callback(hidden.remove)
         frozen = FrozenRoot()
         cleanup.callback(frozen.thaw)
-        watch = OpenWatch(daemon, window, links, expects_tests(tests))
+        watch = OpenWatch(daemon, window, links, expects_tests(tests), req.get("refuse_untrusted_rewards", True))
         cleanup.callback(watch.close)
         stages.mark("watch_setup")
         result = daemon.run(

@@ -58,8 +58,10 @@ class OpenWatch:
     cannot become the reward by a rename. The notices queued before that question are read first, so what a
     process ran is known before it asks."""
 
-    def __init__(self, daemon, window, links=(), expects_tests=True):
+    def __init__(self, daemon, window, links=(), expects_tests=True, refuse_untrusted=True):
         self.daemon = daemon
+        # Training refuses an untrusted process the reward; evaluation lets it write, as Harbor does, and reports it.
+        self.refuse_untrusted = refuse_untrusted
         self.expects_tests = expects_tests  # the tests hold Python files, or a script names a test runner
         self.groups = []
         self.window = window  # when the verifier's run began
@@ -82,6 +84,7 @@ class OpenWatch:
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
         self.reward_refused = []
+        self.reported_rewards = set()  # (dev, ino) of the reward files an untrusted process opened by their name
         self.lost = []  # why events could not be recorded (the first MAX_LOST_LISTED)
         try:
             verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
@@ -289,11 +292,13 @@ class OpenWatch:
             why = self.untrusted(pid)
             info = os.fstat(fd)
             path = _path(fd, info)
-            refuse = why is not None and os.path.basename(path) in REWARD_FILES
+            untrusted = why is not None and os.path.basename(path) in REWARD_FILES
+            refuse = untrusted and self.refuse_untrusted
             if why is not None:
                 self.untrusted_files[(info.st_dev, info.st_ino)] = "pid {} (which {})".format(pid, why)
-            if refuse:
-                self.reward_refused.append({"path": path, "pid": pid, "why": why})
+            if untrusted:
+                self.reward_refused.append({"path": path, "pid": pid, "why": why, "refused": refuse})
+                self.reported_rewards.add((info.st_dev, info.st_ino))
         finally:
             os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
 
@@ -316,9 +321,10 @@ class OpenWatch:
             except OSError:
                 continue
             why = self.untrusted_files.get((info.st_dev, info.st_ino))
-            if why is not None:
+            if why is not None and (info.st_dev, info.st_ino) not in self.reported_rewards:
                 self.reward_refused.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
-                                            "why": "this file became the reward, but {} opened it".format(why)})
+                                            "why": "this file became the reward, but {} opened it".format(why),
+                                            "refused": self.refuse_untrusted})
 
     def boundary(self):
         """(order, how) where the tests began: every file first opened before ``order`` was opened by the runner
