@@ -214,7 +214,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
         "used": [{"path": "/zz.pth", "exec": False, "magic": "696d706f", "head": "aW1wb3J0IG9zCg==", "early": False}],
         "relinked": [{"path": "/usr/bin/python3", "target": "/usr/bin/true", "exec": True, "magic": "7f454c46"}],
         "watch": {"complete": True, "events": 10, "early_code": ["/usr/bin/true"], "runner_signal": 9,
-                  "reward_refused": [{"path": "/logs/verifier/reward.txt", "pid": 42, "why": "ran /app/x.sh"}]},
+                  "untrusted_rewards": [{"path": "/logs/verifier/reward.txt", "pid": 42, "why": "ran /app/x.sh"}]},
         "links": [{"path": "/app/pytest", "target": "/usr/lib/python3.11/json", "folder": True}],
     }  # fmt: skip
     report = WatchReport.from_reply(reply)
@@ -222,7 +222,7 @@ def test_findings_round_trip_the_daemons_reply() -> None:
     assert report.relinked == (Relink("/usr/bin/python3", "/usr/bin/true", True, magic=ELF),)
     assert report.complete and not WatchReport.from_reply({}).complete
     assert report.early_code == {"/usr/bin/true"} and report.runner_signal == 9
-    assert report.reward_refused == (RewardOpen("/logs/verifier/reward.txt", 42, "ran /app/x.sh"),)
+    assert report.untrusted_rewards == (RewardOpen("/logs/verifier/reward.txt", 42, "ran /app/x.sh"),)
     assert report.links == (Relink("/app/pytest", "/usr/lib/python3.11/json", folder=True),)
 
 
@@ -339,7 +339,20 @@ def test_bytecode_is_told_by_its_folder() -> None:
 
 def test_a_reward_opened_by_the_agents_program_and_a_killed_test_script() -> None:
     refused = RewardOpen("/logs/verifier/reward.txt", 77, "ran /app/answer.sh, which the agent provided")
-    report = WatchReport(reward_refused=(refused,), runner_signal=9)
+    report = WatchReport(untrusted_rewards=(refused,), runner_signal=9)
     found = judge(report, "/app")
     assert [finding.kind for finding in found] == [TamperKind.REWARD_FORGED, TamperKind.RUNNER_KILLED]
     assert "pid 77 ran /app/answer.sh" in found[0].detail and "signal 9" in found[1].detail
+
+
+def test_a_reward_an_untrusted_process_was_allowed_and_events_the_watch_lost_are_findings() -> None:
+    """Evaluation lets the untrusted write through and says so; an event the watch could not record is a gap, with
+    the reason the daemon gave (a file /proc cannot name)."""
+    reply = {"watch": {"complete": False, "lost": ["verifier event of pid 9: [Errno 36] File name too long"],
+                       "untrusted_rewards": [{"path": "/logs/verifier/reward.json", "pid": 35,
+                                              "why": "ran /app/roman.py", "refused": False}]}}  # fmt: skip
+    report = WatchReport.from_reply(reply)
+    assert report.untrusted_rewards == (RewardOpen("/logs/verifier/reward.json", 35, "ran /app/roman.py", False),)
+    unwatched, forged = judge(report, "/app")
+    assert unwatched.kind is TamperKind.UNWATCHED and "File name too long" in unwatched.detail
+    assert forged.kind is TamperKind.REWARD_FORGED and forged.detail.endswith("as Harbor does")

@@ -164,7 +164,7 @@ class WatchReport:
     """Every code file the verifier opened before its tests began, changed or not: where a link may have led."""
     links: tuple[Relink, ...] = ()
     """The links the agent made, with where each led before the verifier ran."""
-    reward_refused: tuple[RewardOpen, ...] = ()
+    untrusted_rewards: tuple[RewardOpen, ...] = ()
     lost: tuple[str, ...] = ()
     """Why events could not be recorded (a file the daemon cannot name), the first few."""
     runner_signal: int | None = None
@@ -184,12 +184,12 @@ class WatchReport:
         relinked = tuple(_relink(item) for item in reply.get("relinked", ()))
         watch = reply.get("watch") or {}
         refused = tuple(RewardOpen(r["path"], int(r["pid"]), r["why"], bool(r.get("refused", True)))
-                        for r in watch.get("reward_refused", ()))  # fmt: skip
+                        for r in watch.get("untrusted_rewards", ()))  # fmt: skip
         signal = watch.get("runner_signal")
         links = tuple(_relink(item) for item in reply.get("links", ()))
         return cls(
             used, relinked, bool(watch.get("complete", False)), frozenset(reply.get("loaded", ())),
-            early_code=frozenset(watch.get("early_code", ())), links=links, reward_refused=refused,
+            early_code=frozenset(watch.get("early_code", ())), links=links, untrusted_rewards=refused,
             lost=tuple(str(why) for why in watch.get("lost", ())),
             runner_signal=None if signal is None else int(signal),
         )  # fmt: skip
@@ -262,7 +262,7 @@ def judge(
     if not report.complete:
         lost = f": {'; '.join(report.lost)}" if report.lost else ""
         findings.append(Finding(TamperKind.UNWATCHED, "", f"the verifier's watch lost events{lost}"))
-    for refused in report.reward_refused:
+    for refused in report.untrusted_rewards:
         who = f"pid {refused.pid} {refused.why}" if refused.pid else refused.why
         outcome = "refused" if refused.refused else "allowed: evaluation keeps the reward it wrote, as Harbor does"
         findings.append(Finding(TamperKind.REWARD_FORGED, refused.path, f"{who}: {outcome}"))

@@ -83,7 +83,7 @@ class OpenWatch:
         self.link_folders = tuple(link["target"].rstrip("/") + "/" for link in links if link.get("folder"))
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
-        self.reward_refused = []
+        self.untrusted_rewards = []
         self.reported_rewards = set()  # (dev, ino) of the reward files an untrusted process opened by their name
         self.lost = []  # why events could not be recorded (the first MAX_LOST_LISTED)
         try:
@@ -297,7 +297,7 @@ class OpenWatch:
             if why is not None:
                 self.untrusted_files[(info.st_dev, info.st_ino)] = "pid {} (which {})".format(pid, why)
             if untrusted:
-                self.reward_refused.append({"path": path, "pid": pid, "why": why, "refused": refuse})
+                self.untrusted_rewards.append({"path": path, "pid": pid, "why": why, "refused": refuse})
                 self.reported_rewards.add((info.st_dev, info.st_ino))
         finally:
             os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
@@ -322,7 +322,7 @@ class OpenWatch:
                 continue
             why = self.untrusted_files.get((info.st_dev, info.st_ino))
             if why is not None and (info.st_dev, info.st_ino) not in self.reported_rewards:
-                self.reward_refused.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
+                self.untrusted_rewards.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
                                             "why": "this file became the reward, but {} opened it".format(why),
                                             "refused": self.refuse_untrusted})
 
@@ -372,7 +372,7 @@ class OpenWatch:
                           "exec_events": self.exec_events,
                           "tests_began": self.tests_began_at[1] if self.tests_began_at else None, "phase": how,
                           "early_code": early_code[:MAX_EARLY_CODE],
-                          "reward_refused": self.reward_refused}}  # fmt: skip
+                          "untrusted_rewards": self.untrusted_rewards}}  # fmt: skip
 
     def close(self):
         for _, fd in self.groups:  # a permission event not yet answered is allowed when its group closes
