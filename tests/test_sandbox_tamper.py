@@ -356,3 +356,17 @@ def test_a_reward_an_untrusted_process_was_allowed_and_events_the_watch_lost_are
     unwatched, forged = judge(report, "/app")
     assert unwatched.kind is TamperKind.UNWATCHED and "File name too long" in unwatched.detail
     assert forged.kind is TamperKind.REWARD_FORGED and forged.detail.endswith("as Harbor does")
+
+
+def test_data_and_programs_run_by_path_shadow_no_module() -> None:
+    """A folder named like a standard module (``site``, ``venv``, ``cmd``) holds data or a program run by its path:
+    nothing Python imports by that name. Its module files would."""
+    found = {f"/usr/lib/python3.*/{name}{form}": image(f"/usr/lib/python3.11/{name}.py")
+             for name in ("site", "venv", "cmd") for form in (".py", "/__init__.py")}  # fmt: skip
+    data = [UsedFile("/app/site/index.html", early=False), UsedFile("/app/venv/pyvenv.cfg"),
+            UsedFile("/app/cmd/server/main.go", early=False),
+            UsedFile("/app/venv/bin/python3", executed=True, magic=ELF, early=False)]  # the tests run the venv
+    assert kinds(data, found=found) == set()
+    assert kinds([UsedFile("/app/site/__init__.py")], found=found) == {"shadowed"}
+    assert kinds([UsedFile("/app/venv.py")], found=found) == {"shadowed"}
+    assert kinds([UsedFile("/app/cmd/__pycache__/__init__.cpython-311.pyc")], found=found) == {"shadowed"}

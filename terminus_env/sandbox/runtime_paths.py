@@ -116,6 +116,17 @@ def found_by_import(path: str, workdir: str | None) -> bool:
     return all(part.isidentifier() for part in parts[:-1]) and module_name(parts[-1]) is not None
 
 
+def imported_module(path: str, workdir: str | None) -> bool:
+    """Whether ``path`` is a module file Python would import by its name from the search folder ``python_root``
+    gives: a module file (``.py``, ``.pyc``, an extension), below that folder through package folders only. Data
+    (``/app/site/index.html``, ``/app/venv/pyvenv.cfg``, ``/app/cmd/tool/main.go``) is never a module."""
+    root = python_root(path, workdir)
+    if root is None or not MODULE_FILE.fullmatch(posixpath.basename(path)):
+        return False
+    folders = path[len(root) :].strip("/").split("/")[:-1]
+    return all(folder.isidentifier() for folder in folders)
+
+
 def python_root(path: str, workdir: str | None) -> str | None:
     """The folder on Python's search path this file would be imported from, if it is one we can tell."""
     folder = posixpath.dirname(path)

@@ -60,6 +60,7 @@ from terminus_env.sandbox.runtime_paths import (
     STARTUP_MODULES,
     ZIP_MAGIC,
     found_by_import,
+    imported_module,
     is_runtime,
     library_patterns,
     module_name,
@@ -388,11 +389,17 @@ def _is_code(used: UsedFile) -> bool:
 
 
 def _shadow_patterns(used: UsedFile, workdir: str | None) -> list[str]:
+    """Where the image's own file of the same name lies, if this one can stand in its place: a program on PATH, a
+    library, or a module Python imports (a module file, below its search root through package folders; never
+    data, nor a program run by its path: a venv at ``/app/venv``, a page at ``/app/site/index.html`` hide no
+    module ``venv`` or ``site``)."""
     if used.executed and posixpath.dirname(used.path) in PATH_DIRS:
         return program_patterns(used.path)
     name = posixpath.basename(used.path)
     if LIBRARY.fullmatch(name) and not any(used.path.startswith(root + "/") for root in DISTRIBUTION_LIB_DIRS):
         return library_patterns(used.path)
+    if used.executed or not imported_module(used.path, workdir):
+        return []
     return module_patterns(used.path, workdir)
 
 
