@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from terminus_env.sandbox.inside.code_files import names_what_runs
 from terminus_env.sandbox.tamper import (
     Change,
     Relink,
@@ -370,3 +371,21 @@ def test_data_and_programs_run_by_path_shadow_no_module() -> None:
     assert kinds([UsedFile("/app/site/__init__.py")], found=found) == {"shadowed"}
     assert kinds([UsedFile("/app/venv.py")], found=found) == {"shadowed"}
     assert kinds([UsedFile("/app/cmd/__pycache__/__init__.cpython-311.pyc")], found=found) == {"shadowed"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/app/x.pth", "/usr/lib/python3/dist-packages/p-1.0.dist-info/entry_points.txt", "/etc/ld.so.preload",
+     "/pytest.ini", "/app/setup.cfg", "/opt/lib/python311.zip", "/opt/p.egg-info/PKG-INFO", "/app/sitecustomize",
+     "/opt/w/x-1.0-py3-none-any.whl"],
+)  # fmt: skip
+def test_what_names_what_runs_is_recorded_even_as_data(path):
+    """The daemon records a file that is not code when its name or place can decide what runs: the rules judge it."""
+    assert names_what_runs(path)
+
+
+@pytest.mark.parametrize("path", ["/app/out/104999", "/app/out/7.txt", "/app/site/index.html", "/app/cmd/a/main.go",
+                                  "/usr/share/zoneinfo/America/New_York"])  # fmt: skip
+def test_other_data_is_only_counted(path):
+    """Output files, pages, a Go source: no rule reads them, so a test reading thousands loses no guarantee."""
+    assert not names_what_runs(path)

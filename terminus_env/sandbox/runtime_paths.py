@@ -9,7 +9,10 @@ import re
 import sys
 
 from terminus_env.sandbox.inside.code_files import CODE_SUFFIXES as RUN_WHEN_OPENED
+from terminus_env.sandbox.inside.code_files import LOADER_PRELOAD as LOADER_PRELOAD
 from terminus_env.sandbox.inside.code_files import PATH_DIRS
+from terminus_env.sandbox.inside.code_files import RUNNER_CONFIGS as RUNNER_CONFIGS
+from terminus_env.sandbox.inside.code_files import STARTUP_MODULES as STARTUP_MODULES
 from terminus_env.sandbox.inside.installer_files import installer_pth_line
 
 DISTRIBUTION_PROGRAM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -30,10 +33,6 @@ RUNNER_PACKAGES = frozenset(
     {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "tomli", "exceptiongroup", "pygments"}
 )
 STANDARD_MODULES = frozenset(getattr(sys, "stdlib_module_names", ())) | {"sitecustomize", "usercustomize"}
-RUNNER_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py"})
-"""pytest looks for these upwards from the folder of the tests it runs, /tests, so at / too."""
-STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
-LOADER_PRELOAD = "/etc/ld.so.preload"
 CODE_SUFFIXES = (*RUN_WHEN_OPENED, ".pth")
 """Files the rules judge as code: those that run when opened, and ``.pth`` files (their import lines run)."""
 PYTHON_ROOT = re.compile(r".*/lib/python3(\.\d+)?(/lib-dynload|/site-packages|/dist-packages)?")

@@ -14,11 +14,12 @@ LINK_DIRS = PATH_DIRS + ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local
                          "/root/.local/lib/python3*/site-packages")  # fmt: skip
 
 
-def links_opened(since, window, opened, workdir, links):
+def links_opened(since, window, opened, workdir, links, unrecorded=None):
     """Links changed in this container, whose targets the verifier opened, in the folders where a name decides
     what runs: programs, libraries, Python's, the root folder (pytest's configuration) and the working folder. Those
     made before the run are ``links`` (the layer's, resolved when the run began); a folder is listed again only if it
-    changed while the verifier ran (a link made meanwhile)."""
+    changed while the verifier ran (a link made meanwhile). ``unrecorded``, where the watch left data unrecorded,
+    gives a record for a target it has none of."""
     found, seen = [], set()
     candidates = [(link["path"], link["target"]) for link in links if not link.get("folder")]
     for folder in sorted(set(os.path.realpath(path) for pattern in LINK_DIRS + ("/", workdir)
@@ -39,6 +40,8 @@ def links_opened(since, window, opened, workdir, links):
                 continue
     for path, target in candidates:
         record = opened.get(target)
+        if record is None and unrecorded is not None and os.path.isfile(target):
+            record = unrecorded(target)
         if record is None or path in seen or not _in_link_folder(path, workdir):
             continue
         seen.add(path)

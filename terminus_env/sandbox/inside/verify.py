@@ -72,7 +72,7 @@ def _verify(daemon, req):
     if tests:
         daemon.private["/tests"].unpack(tests)
     stages.mark("folders")
-    cleared = clear_bytecode(req.get("bytecode", ()), daemon.since)
+    clear_bytecode(req.get("bytecode", ()), daemon.since)
     links = agents_links(daemon.since, req.get("links", ()))
     stages.mark("bytecode_links")
     with contextlib.ExitStack() as cleanup:  # undone in reverse, whatever fails
@@ -96,8 +96,7 @@ def _verify(daemon, req):
         stages.mark("leftovers")
         watched = watch.finish(daemon, req.get("workdir") or "/")
         stages.mark("watch_finish")
-        watched["links"], watched["watch"]["bytecode_cleared"] = links, cleared
-        watched["watch"]["plugins_hidden"] = [path for _, path, _ in hidden.covered]
+        watched["links"] = links
         watch.check_rewards(daemon.private["/logs/verifier"].fd)
         watched["watch"]["runner_signal"] = result.pop("signal")
     stages.mark("cleanup")
@@ -165,8 +164,7 @@ def clear_bytecode(paths, since):
     writes bytecode beside the modules it imports (official python images ship none), and the verifier's Python
     would load it as the module. The verifier's Python compiles those sources again, from the files themselves (an
     installer's module proved by its content included). The bytecode of the task's own files elsewhere (its
-    project) stays: it is the task's state. Returns how many were removed."""
-    removed = 0
+    project) stays: it is the task's state."""
     for path in paths:
         folder, name = os.path.split(path)
         if os.path.basename(folder) != "__pycache__" or not name.endswith(".pyc"):
@@ -179,10 +177,8 @@ def clear_bytecode(paths, since):
             if not _RUNTIME_SOURCE.match(source) and os.lstat(source).st_ctime >= since:
                 continue
             os.unlink(path)
-            removed += 1
         except OSError:
             continue
-    return removed
 
 
 _RUNTIME_SOURCE = re.compile(r"(.*/(site|dist)-packages/|(/usr|/usr/local)?/lib/python3[.\d]*/).*")

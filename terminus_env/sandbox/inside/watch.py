@@ -8,7 +8,7 @@ import stat
 import struct
 import time
 
-from .code_files import CODE_MAGIC, CODE_SUFFIXES
+from .code_files import CODE_MAGIC, CODE_SUFFIXES, names_what_runs
 from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
 from .kernel import _libc
 from .links import links_opened
@@ -29,7 +29,7 @@ REWARD_FILES = ("reward.txt", "reward.json")
 # No file there can be code the agent provided: kernel views, terminals, message queues, the host's folder, the
 # reward's (asked about apart). /dev itself (a tmpfs root may write) and the verifier's own /dev/shm are watched.
 _UNWATCHED = ("/proc", "/sys", "/dev/pts", "/dev/mqueue", RUN_DIR, REWARD_FOLDER)
-MAX_WATCHED_FILES = 200000
+MAX_WATCHED_FILES = 200000  # files recorded: code, what names what runs, the agent's links' targets (data is not)
 MAX_LOST_LISTED = 5  # reasons kept of the events the watch could not record
 MAX_EARLY_CODE = 20000  # code files opened before the tests began, listed for the rules (a link may lead there)
 GROUP_WAIT_S = 60.0  # how long a verifier waits for a fanotify group when the host's are all in use
@@ -70,10 +70,8 @@ class OpenWatch:
         # (whatever such a process writes is the agent's: a wheel it unpacked, a module it rewrote).
         self.written = {"verifier": set(), "agent": set(), "tainted": set()}
         self.complete = True
-        self.events = 0
-        self.exec_events = True
         self.order = 0  # events recorded so far: a file's first open is told apart from the first test file's
-        self.tests_began_at = None  # (order, path) of the first test file opened
+        self.tests_began_at = None  # the order of the first test file opened
         self.runner_seen = False  # a file of a Python test runner's own package was opened
         self.tests_device = os.fstat(daemon.private[TESTS_FOLDER].fd).st_dev
         # Where the agent's links lead: a file reached by a link of the agent's never says that the tests began (a
@@ -86,6 +84,7 @@ class OpenWatch:
         self.untrusted_rewards = []
         self.reported_rewards = set()  # (dev, ino) of the reward files an untrusted process opened by their name
         self.lost = []  # why events could not be recorded (the first MAX_LOST_LISTED)
+        self.data_opened = 0  # opens of data that decides nothing, not recorded (see _may_decide)
         try:
             verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
             self.groups.append(("verifier", self._group(daemon.roots["verifier"], verifier_mask)))
@@ -128,7 +127,6 @@ class OpenWatch:
                 code = ctypes.get_errno()
                 if code == errno.EINVAL and mask & FAN_OPEN_EXEC:  # Linux < 5.0: no exec events, opens only
                     mask &= ~FAN_OPEN_EXEC
-                    self.exec_events = False
                     if _libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, ctypes.c_uint64(mask), root, path) == 0:
                         continue
                     code = ctypes.get_errno()
@@ -155,7 +153,6 @@ class OpenWatch:
             while offset + _EVENT.size <= len(data):
                 length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)
                 offset += max(length, _EVENT.size)
-                self.events += 1
                 if mask & FAN_Q_OVERFLOW or fd < 0:
                     self.complete = False
                     continue
@@ -192,10 +189,13 @@ class OpenWatch:
             path = _path(fd, info)
             in_tests = info.st_dev == self.tests_device  # the verifier's own tests, known by their mount
             if self.tests_began_at is None and self._begins_tests(path, info, key, in_tests):
-                self.tests_began_at = (self.order, path)
+                self.tests_began_at = self.order
             if not self.runner_seen and _is_runner_file(path):
                 self.runner_seen = True
             if in_tests:  # the verifier's own, fresh each run
+                return
+            if not self._may_decide(path, key, info, mask, fd):
+                self.data_opened += 1
                 return
             if len(self.opened) >= MAX_WATCHED_FILES:
                 self.complete = False
@@ -222,6 +222,21 @@ class OpenWatch:
             start = _start_time(pid)
             if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
                 self.ran_agents_code.setdefault((pid, start), []).append(key)
+
+    def _may_decide(self, path, key, info, mask, fd):
+        """Whether a file the verifier opened can decide anything the rules judge, so is recorded: code (by how it
+        was opened, its name or its first bytes), a zip the agent's side may have made, a file whose name or place
+        decides what runs, a target of the agent's links, or a file the agent's side wrote while the verifier ran.
+        Other data, the image's or the agent's (a test reading thousands of output files), decides nothing: it is
+        counted, not recorded, and is asked again at its next open (it may have changed meanwhile)."""
+        if mask & FAN_OPEN_EXEC or path.endswith(CODE_SUFFIXES) or names_what_runs(path):
+            return True
+        if path in self.link_targets or path.startswith(self.link_folders) or key in self.written["agent"]:
+            return True
+        if os.pread(fd, 4, 0).startswith(CODE_MAGIC):
+            return True
+        changed = info.st_ctime >= self.daemon.since or key in self.written["tainted"]
+        return changed and self._agents(key) and _is_zip(fd, info.st_size)
 
     def _begins_tests(self, path, info, key, in_tests):
         """Whether opening this file means the tests began: a Python file of the verifier's own tests (known by its
@@ -327,16 +342,15 @@ class OpenWatch:
                                             "refused": self.refuse_untrusted})
 
     def boundary(self):
-        """(order, how) where the tests began: every file first opened before ``order`` was opened by the runner
-        starting up. ``how`` says how it was told: ``tests`` (the first test file), ``runner`` (the tests hold
-        Python files or name a test runner, or a runner started, and no test file was ever opened: everything was
-        its start, fail closed) or ``script`` (the tests are scripts that name no test runner, and none started:
-        the test script is the test, and only the rules that hold at any time apply)."""
+        """The order where the tests began: every file first opened before it was opened by the runner starting up.
+        Told by the first test file; where none was opened, a runner that started or tests that hold Python files or
+        name a test runner make everything the runner's start (fail closed); scripts that name no test runner, with
+        none started, are the test themselves, and only the rules that hold at any time apply (0)."""
         if self.tests_began_at is not None:
-            return self.tests_began_at[0], "tests"
+            return self.tests_began_at
         if self.runner_seen or self.expects_tests:
-            return self.order + 1, "runner"
-        return 0, "script"
+            return self.order + 1
+        return 0
 
     def finish(self, daemon, workdir):
         """Once the verifier's processes are gone: read the last events and say what it ran that changed (``during``:
@@ -345,7 +359,7 @@ class OpenWatch:
         targets it opened, the libraries it loaded, and the refused openers of the reward."""
         self.drain()
         window = self.window
-        boundary, how = self.boundary()
+        boundary = self.boundary()
         for record in self.opened.values():
             record["early"] = record["first"] < boundary
         used = []
@@ -358,20 +372,18 @@ class OpenWatch:
                 used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
                              "head": _b64(head) if wide else None, "during": during, "early": record["early"],
                              "zip": bool(record.get("zip")), "proven": bool(record.get("proven")),
-                             "pth_files": record.get("pth_files", []), "tainted": key in self.written["tainted"],
-                             "sha256": record.get("sha256")})
+                             "pth_files": record.get("pth_files", []), "sha256": record.get("sha256")})
         early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
         if len(early_code) > MAX_EARLY_CODE:
             self.complete = False
         targets = {record["path"]: record for record in self.opened.values()}
         loaded = sorted(record["path"] for record in self.opened.values()
                         if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
-        relinked = links_opened(daemon.since, self.window, targets, workdir, self.links)
+        # A link made while the verifier ran may lead to data that was not recorded: fail closed, as if opened early.
+        unrecorded = _unrecorded_target if self.data_opened else None
+        relinked = links_opened(daemon.since, self.window, targets, workdir, self.links, unrecorded)
         return {"used": used, "relinked": relinked, "loaded": loaded,
-                "watch": {"complete": self.complete, "lost": self.lost, "events": self.events,
-                          "exec_events": self.exec_events,
-                          "tests_began": self.tests_began_at[1] if self.tests_began_at else None, "phase": how,
-                          "early_code": early_code[:MAX_EARLY_CODE],
+                "watch": {"complete": self.complete, "lost": self.lost, "early_code": early_code[:MAX_EARLY_CODE],
                           "untrusted_rewards": self.untrusted_rewards}}  # fmt: skip
 
     def close(self):
@@ -388,6 +400,24 @@ def _path(fd, info):
     if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
         path = path[: -len(" (deleted)")]
     return path
+
+
+def _unrecorded_target(path):
+    """A record for data a link leads to, which the watch may have opened without recording: opened early, not run.
+    Code is always recorded when opened, so code without a record was not opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # never waits on a pipe
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, 4, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        head = None
+    finally:
+        os.close(fd)
+    if head is None or path.endswith(CODE_SUFFIXES) or head.startswith(CODE_MAGIC):
+        return None
+    return {"exec": False, "early": True, "head": head}
 
 
 def _is_test_file(path, in_tests=False):
