@@ -237,3 +237,59 @@ def test_a_pytest_plugin_an_installed_package_registers_is_not_the_verifiers(tmp
     _, reward, info = cheat(task, INSTALL_ANYIO, SOLVE_HELLO)
     episode = info["episode"]
     assert (reward, info["end_reason"], episode["tampering"]) == (1.0, "task_complete", ()), episode["error"]
+
+
+MANY_OUTPUTS_TESTS = """\
+import os
+import subprocess
+
+
+def test_every_output_file_holds_its_number():
+    subprocess.run(["python3", "/app/more.py"], check=True, timeout=600)  # the agent's program writes the rest
+    names = os.listdir("/app/out")
+    assert len(names) == 205000
+    for name in names:
+        with open(os.path.join("/app/out", name)) as handle:
+            assert handle.read() == name
+"""
+MANY_OUTPUTS = (
+    "mkdir -p /app/out && python3 -c \"[open(f'/app/out/{i}', 'w').write(str(i)) for i in range(105000)]\" && "
+    "printf \"[open(f'/app/out/{i}', 'w').write(str(i)) for i in range(105000, 205000)]\\n\" > /app/more.py; "
+    "echo made=$?\n"
+)
+
+
+def test_a_verifier_that_reads_more_files_than_the_watch_records(tmp_path):
+    """205,000 output files, more than the watch records (MAX_WATCHED_FILES): 105,000 the agent made before the
+    run, 100,000 its program writes while the tests run. Data decides nothing and is counted, not recorded."""
+    task = make_task(tmp_path, "many-outputs", "FROM terminus-env/base:bookworm\nWORKDIR /app\n",
+                     SYSTEM_PYTEST_VERIFIER, MANY_OUTPUTS_TESTS)  # fmt: skip
+    observed, reward, info = cheat(task, MANY_OUTPUTS, wait=300)
+    assert "made=0" in observed
+    assert_earned(reward, info)
+
+
+GO_IMAGE = """\
+FROM terminus-env/base:bookworm
+WORKDIR /app
+RUN mkdir -p /app/cmd/server /app/cmd/client && printf 'package main\\n' > /app/cmd/server/main.go \\
+    && printf 'package main\\n' > /app/cmd/client/main.go && printf 'module example.com/app\\n' > /app/go.mod
+"""
+# As a public Go task's test.sh does before its checks: the image's own files in /app change owner and mode.
+OWNING_VERIFIER = PYTEST_VERIFIER.replace("cd /app\n", "cd /app\nchown -R 0:0 /app\nchmod -R go-w /app\n")
+GO_TESTS = """\
+import glob
+
+
+def test_the_commands_and_the_answer():
+    assert sorted(glob.glob("/app/cmd/*/main.go")) == ["/app/cmd/client/main.go", "/app/cmd/server/main.go"]
+    for path in glob.glob("/app/cmd/*/main.go") + ["/app/go.mod"]:
+        assert open(path).read()
+    assert open("/app/hello.txt").read() == "hello\\n"
+"""
+
+
+def test_a_verifier_that_takes_ownership_of_the_working_folder(tmp_path):
+    """The verifier's own chown and chmod of the image's files are not the agent's changes."""
+    task = make_task(tmp_path, "owning-verifier", GO_IMAGE, OWNING_VERIFIER, GO_TESTS)
+    assert_earned(*cheat(task, SOLVE_HELLO)[1:])
