@@ -13,8 +13,8 @@ engine_answers() { docker info >/dev/null 2>&1; }
 raise_limit() { [ -w "$1" ] && [ "$(cat "$1")" -lt "$2" ] && echo "$2" > "$1" || true; }
 
 if [ "$(id -u)" = 0 ] && ! $install_only; then
-    # Each running verifier holds three fanotify groups of the host's root user (docs/notes/security.md): the
-    # kernel's default of 128 would hold back verifiers beyond 42 at once.
+    # Each running verifier holds four fanotify groups of the host's root user (docs/notes/security.md): the
+    # kernel's default of 128 would hold back verifiers beyond 32 at once.
     raise_limit /proc/sys/fs/fanotify/max_user_groups 8192
     # Every container's root is the host's: the kernel's per-user counts of inotify instances and watches and of
     # epoll watches, and the host's count of open files, are shared by every sandbox and the host. Raised past what

@@ -10,6 +10,7 @@ plugin the project's tests need; and a verifier's own environment that ships a p
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -293,3 +294,60 @@ def test_a_verifier_that_takes_ownership_of_the_working_folder(tmp_path):
     """The verifier's own chown and chmod of the image's files are not the agent's changes."""
     task = make_task(tmp_path, "owning-verifier", GO_IMAGE, OWNING_VERIFIER, GO_TESTS)
     assert_earned(*cheat(task, SOLVE_HELLO)[1:])
+
+
+# A held-out public task's shape: after the agent's code has run (here a first pytest run, whose test imports the
+# agent's module), its test script installs a package into /usr/local, then runs pytest again on that package.
+# Here the installer is one `cp` per module, 3,000 of them: each exits right after its write, before the watch reads
+# the event. The installer's writes are the verifier's own, however late the watch reads them.
+UNPACKING_IMAGE = """\
+FROM terminus-env/base:bookworm
+RUN mkdir -p /tmp/p/pytest_zz && cd /tmp/p && python3 -c "import pathlib; [pathlib.Path(f'pytest_zz/m{i}.py') \\
+    .write_text(f'N = {i}\\\\n') for i in range(3000)]; pathlib.Path('pytest_zz/__init__.py').write_text('')" \\
+    && tar -cf /opt/pytest_zz.tar pytest_zz && rm -rf /tmp/p
+WORKDIR /app
+"""
+UNPACKING_VERIFIER = """\
+#!/bin/bash
+mkdir -p /logs/verifier /usr/local/lib/python3.11/dist-packages/pytest_zz
+cd /app
+python3 -m pytest -p no:cacheprovider -q /tests/test_outputs.py -k answered
+tar -C /tmp -xf /opt/pytest_zz.tar
+for module in /tmp/pytest_zz/*.py; do cp "$module" /usr/local/lib/python3.11/dist-packages/pytest_zz/; done
+if python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py -k package; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+ANSWER_TESTS = """\
+import importlib
+import sys
+
+
+def test_the_program_answered():
+    sys.path.insert(0, "/app")
+    import answer
+
+    assert answer.ANSWER == 42
+
+
+def test_the_verifiers_package_imports():
+    assert [importlib.import_module(f"pytest_zz.m{i}").N for i in range(3000)] == list(range(3000))
+"""
+
+
+@contextlib.contextmanager
+def cpu_bound(count: int):
+    """``count`` CPU-bound processes on this host while the block runs: the watch reads its events late."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+@pytest.mark.parametrize("busy", [0, 2], ids=["quiet", "two-cpu-bound-beside"])
+def test_the_verifiers_own_unpacking_after_the_agents_code_ran(tmp_path, busy):
+    task = make_task(tmp_path, "unpack-after-program", UNPACKING_IMAGE, UNPACKING_VERIFIER, ANSWER_TESTS)
+    with cpu_bound(busy):
+        assert_earned(*cheat(task, "echo 'ANSWER = 42' > /app/answer.py\n")[1:])

@@ -22,6 +22,12 @@ def _stat_fields(pid):
         return handle.read().rsplit(")", 1)[1].split()
 
 
+def identity_of(pid):
+    """(start time, parent pid) of a live process, from /proc; raises OSError (gone) or ValueError."""
+    fields = _stat_fields(pid)
+    return int(fields[19]), int(fields[1])  # start time is stat's field 22, counted here after the command name
+
+
 def _pids():
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 

@@ -5,30 +5,39 @@ import ctypes
 import errno
 import os
 import stat
-import struct
 import time
 
 from .code_files import CODE_MAGIC, CODE_SUFFIXES, names_what_runs
-from .installer_files import MAX_PROVEN_BYTES, installer_hook_candidate, proven_installer_file
-from .kernel import _libc
+from .exec_witness import ExecWitness
+from .installer_files import installer_hook_candidate, proven_installer_file
+from .kernel import FAN_ALLOW, FAN_DENY, FANOTIFY_EVENT, FANOTIFY_RESPONSE, _libc
 from .links import links_opened
 from .names import RUN_DIR, TESTS_FOLDER
+from .opened_files import (
+    fd_path,
+    is_code,
+    is_runner_file,
+    is_test_file,
+    is_zip,
+    pth_files,
+    read_whole,
+    unrecorded_target,
+)
 from .packages import packaged_candidate, sha256_of
 from .private_folders import _b64
-from .processes import _stat_fields
+from .processes import identity_of
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE, FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x2, 0x10, 0x1, 0x10
 FAN_CLASS_CONTENT = 0x4
 FAN_CLOSE_WRITE, FAN_OPEN, FAN_Q_OVERFLOW, FAN_OPEN_EXEC, FAN_OPEN_PERM = 0x8, 0x20, 0x4000, 0x1000, 0x10000
-FAN_ALLOW, FAN_DENY = 0x1, 0x2
-_EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
-_RESPONSE = struct.Struct("iI")  # struct fanotify_response
+FAN_OPEN_EXEC_PERM = 0x40000
 
 REWARD_FOLDER = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
 # No file there can be code the agent provided: kernel views, terminals, message queues, the host's folder, the
 # reward's (asked about apart). /dev itself (a tmpfs root may write) and the verifier's own /dev/shm are watched.
 _UNWATCHED = ("/proc", "/sys", "/dev/pts", "/dev/mqueue", RUN_DIR, REWARD_FOLDER)
+MAX_HELD = 4096  # files the agent's side or its code wrote, kept open while the verifier runs (see OpenWatch._hold)
 MAX_WATCHED_FILES = 200000  # files recorded: code, what names what runs, the agent's links' targets (data is not)
 MAX_LOST_LISTED = 5  # reasons kept of the events the watch could not record
 MAX_EARLY_CODE = 20000  # code files opened before the tests began, listed for the rules (a link may lead there)
@@ -36,14 +45,13 @@ GROUP_WAIT_S = 60.0  # how long a verifier waits for a fanotify group when the h
 HEAD_BYTES = 4096  # of a changed .pth or entry_points.txt file: its lines decide what runs
 _READ_HEADS = (".pth", "/entry_points.txt")
 MAX_LISTED = 2000  # libraries the verifier loaded, listed for the rules
-_STARTTIME = 19  # /proc/<pid>/stat's field 22, counted after the command name
 
 
 class OpenWatch:
     """Every file the verifier's processes open or execute while it runs, every file either side writes, and who
     opens the reward.
 
-    Three fanotify groups. Two only take notice (nothing is blocked): one on every mount of the verifier's
+    Four fanotify groups. Two only take notice (nothing is blocked): one on every mount of the verifier's
     namespace, one on every mount of the agent's. An event carries an open descriptor of the file, so what is
     recorded is the file the verifier really opened, wherever it was reached from and however briefly it existed.
     A file counts as the agent's (changed in this container) when its ctime is newer than the daemon, or the
@@ -56,7 +64,8 @@ class OpenWatch:
     opened only by the test script's own processes, never by one that ran the agent's code or that outlived its
     parent (orphans belong to no test script); such an open is refused, and any file such a process opened there
     cannot become the reward by a rename. The notices queued before that question are read first, so what a
-    process ran is known before it asks."""
+    process ran is known before it asks. The fourth holds each exec until its process's identity is recorded
+    (``ExecWitness``): who wrote a file does not depend on how late its event is read."""
 
     def __init__(self, daemon, window, links=(), expects_tests=True, refuse_untrusted=True):
         self.daemon = daemon
@@ -84,12 +93,15 @@ class OpenWatch:
         self.untrusted_rewards = []
         self.reported_rewards = set()  # (dev, ino) of the reward files an untrusted process opened by their name
         self.lost = []  # why events could not be recorded (the first MAX_LOST_LISTED)
+        self.execs = None  # who started whom, seen at each exec (None: the kernel has no exec permission events)
+        self.held = {}  # (dev, ino) -> a descriptor kept open so that the number is not reused (see _hold)
         self.data_opened = 0  # opens of data that decides nothing, not recorded (see _may_decide)
         try:
             verifier_mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE
             self.groups.append(("verifier", self._group(daemon.roots["verifier"], verifier_mask)))
             self.groups.append(("agent", self._group(daemon.roots["agent"], FAN_CLOSE_WRITE)))
             self.groups.append(("reward", self._group(daemon.roots["verifier"], FAN_OPEN_PERM, only=REWARD_FOLDER)))
+            self.execs = self._exec_witness(daemon)
         except BaseException:
             self.close()
             raise
@@ -103,17 +115,18 @@ class OpenWatch:
         init_fn = getattr(_libc, "fanotify_init", None)
         if init_fn is None:
             raise OSError(errno.ENOSYS, "no fanotify_init in the C library: the verifier cannot be watched")
-        flags = FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE | (FAN_CLASS_CONTENT if mask & FAN_OPEN_PERM else 0)
+        blocking = mask & (FAN_OPEN_PERM | FAN_OPEN_EXEC_PERM)
+        flags = FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE | (FAN_CLASS_CONTENT if blocking else 0)
         deadline = time.monotonic() + GROUP_WAIT_S
         while True:
             fd = init_fn(flags, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
             code = ctypes.get_errno()
             if fd >= 0 or code != errno.EMFILE or time.monotonic() > deadline:
                 break
-            time.sleep(0.2)  # every verifier on this host holds three groups: wait for one to finish
+            time.sleep(0.2)  # every verifier on this host holds four groups: wait for one to finish
         if fd < 0 and code == errno.EMFILE:
             raise OSError(code, "fanotify_init: every fanotify group of the host's root is in use (each running "
-                                "verifier holds three): raise it on the sandbox host, e.g. `sysctl -w "
+                                "verifier holds four): raise it on the sandbox host, e.g. `sysctl -w "
                                 "fs.fanotify.max_user_groups=8192`")  # fmt: skip
         if fd < 0:
             raise OSError(code, "fanotify_init: {} (the verifier is watched with fanotify: Linux >= 5.0 with "
@@ -137,6 +150,22 @@ class OpenWatch:
                 raise OSError(code, "fanotify_mark {}: {}".format(point, os.strerror(code)))
         return fd
 
+    def _exec_witness(self, daemon):
+        """The fourth group: every exec on the verifier's mounts waits until its process's identity is recorded."""
+        try:
+            group = self._group(daemon.roots["verifier"], FAN_OPEN_EXEC_PERM)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return None  # Linux < 5.0: identities are read live only, and fail closed once gone
+        try:
+            witness = ExecWitness(group, daemon)
+        except RuntimeError:  # no thread: the agent's processes hold every pid, so the verifier cannot start either
+            os.close(group)
+            return None
+        self.exec_group = group
+        return witness
+
     def drain(self):
         """Read every event queued so far, and answer every question (the verifier's thread calls this as soon as
         a group has one, and a few times a second besides)."""
@@ -150,9 +179,9 @@ class OpenWatch:
             except BlockingIOError:
                 return
             offset = 0
-            while offset + _EVENT.size <= len(data):
-                length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)
-                offset += max(length, _EVENT.size)
+            while offset + FANOTIFY_EVENT.size <= len(data):
+                length, _, _, _, mask, fd, pid = FANOTIFY_EVENT.unpack_from(data, offset)
+                offset += max(length, FANOTIFY_EVENT.size)
                 if mask & FAN_Q_OVERFLOW or fd < 0:
                     self.complete = False
                     continue
@@ -181,16 +210,19 @@ class OpenWatch:
             self.written[side].add(key)
             if side == "verifier" and self._agents_code_ran() and self.tainted(pid):
                 self.written["tainted"].add(key)
+                self._hold(key, fd)
+            elif side == "agent":
+                self._hold(key, fd)
         if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
             return
         self.order += 1
         record = self.opened.get(key)
         if record is None:
-            path = _path(fd, info)
+            path = fd_path(fd, info)
             in_tests = info.st_dev == self.tests_device  # the verifier's own tests, known by their mount
             if self.tests_began_at is None and self._begins_tests(path, info, key, in_tests):
                 self.tests_began_at = self.order
-            if not self.runner_seen and _is_runner_file(path):
+            if not self.runner_seen and is_runner_file(path):
                 self.runner_seen = True
             if in_tests:  # the verifier's own, fresh each run
                 return
@@ -211,17 +243,29 @@ class OpenWatch:
             record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
         changed = info.st_ctime >= self.daemon.since or key in self.written["agent"] or key in self.written["tainted"]
         if changed and record.get("zip") is None:  # only what the agent may have provided is looked at so closely
-            record["zip"] = _is_zip(fd, info.st_size)
+            record["zip"] = is_zip(fd, info.st_size)
             if installer_hook_candidate(record["path"]):
-                record["proven"] = proven_installer_file(record["path"], _read_whole(fd, info.st_size))
+                record["proven"] = proven_installer_file(record["path"], read_whole(fd, info.st_size))
             if record["path"].endswith(".pth"):
-                record["pth_files"] = _pth_files(record["path"], record["head"])
-        if "sha256" not in record and changed and _is_code(record) and packaged_candidate(record["path"]):
+                record["pth_files"] = pth_files(record["path"], record["head"])
+        if "sha256" not in record and changed and is_code(record) and packaged_candidate(record["path"]):
             record["sha256"] = sha256_of(fd, info.st_size)  # as loaded: the host may prove it a package's own
-        if _is_code(record) and changed and not record.get("proven"):
-            start = _start_time(pid)
-            if start is not None:  # a process gone already can be no one's parent; its orphans are refused anyway
-                self.ran_agents_code.setdefault((pid, start), []).append(key)
+        if is_code(record) and changed and not record.get("proven"):
+            identity = self._identity(pid)
+            if identity is not None:  # unknown: its writes are untraced, so the agent's (fail closed)
+                self.ran_agents_code.setdefault((pid, identity[0]), []).append(key)
+
+    def _hold(self, key, fd):
+        """Keep a file the agent's side or its code wrote open until the run ends: a file is known by its inode
+        number, which a deleted file gives back for the next one made, and the verifier's own next file (a module
+        it unpacks where the agent's code left a temporary file) must not inherit the agent's. Past MAX_HELD, a
+        reused number makes a file the agent's: a false flag, never a missed one."""
+        if key in self.held or len(self.held) >= MAX_HELD:
+            return
+        try:
+            self.held[key] = os.dup(fd)
+        except OSError:  # out of descriptors: as past MAX_HELD
+            pass
 
     def _may_decide(self, path, key, info, mask, fd):
         """Whether a file the verifier opened can decide anything the rules judge, so is recorded: code (by how it
@@ -236,7 +280,7 @@ class OpenWatch:
         if os.pread(fd, 4, 0).startswith(CODE_MAGIC):
             return True
         changed = info.st_ctime >= self.daemon.since or key in self.written["tainted"]
-        return changed and self._agents(key) and _is_zip(fd, info.st_size)
+        return changed and self._agents(key) and is_zip(fd, info.st_size)
 
     def _begins_tests(self, path, info, key, in_tests):
         """Whether opening this file means the tests began: a Python file of the verifier's own tests (known by its
@@ -247,8 +291,8 @@ class OpenWatch:
         if path in self.link_targets or path.startswith(self.link_folders):
             return False
         if in_tests:
-            return _is_test_file(path, in_tests=True)
-        return key not in self.written["verifier"] and _is_test_file(path)
+            return is_test_file(path, in_tests=True)
+        return key not in self.written["verifier"] and is_test_file(path)
 
     def _agents(self, key):
         """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
@@ -274,29 +318,60 @@ class OpenWatch:
 
     def _ancestry(self, pid):
         """What the walk from ``pid`` up to the test script found: ("ran", why) when it or a process above it ran
-        code the agent provided, ("orphan", why) when it left the test script's tree, ("untraced", why) when /proc
-        cannot tell, (None, None) when it is the test script's own."""
+        code the agent provided, ("orphan", why) when it left the test script's tree, ("untraced", why) when neither
+        /proc nor what was recorded at the processes' execs can tell, (None, None) when it is the test script's own.
+        A process gone already is known by what its exec left (``ExecWitness``), so the answer does not depend on
+        how late the event is read."""
         untraced = ("untraced", "could not be traced to the test script")
         current = pid
         for _ in range(4096):
-            start = _start_time(current)
-            if start is None:
+            identity = self._identity(current)
+            if identity is None:
                 return untraced
+            start, parent = identity
             ran = next((key for key in self.ran_agents_code.get((current, start), ()) if self._agents(key)), None)
             if ran is not None:
                 path = self.opened[ran]["path"] if ran in self.opened else "a file"
-                return "ran", ("ran {}, which the agent provided".format(path) if current == pid else
-                               "descends from pid {}, which ran {}, which the agent provided".format(current, path))
-            try:
-                parent = int(_stat_fields(current)[1])
-            except (OSError, ValueError, IndexError):
-                return untraced
+                return "ran", (
+                    "ran {}, which the agent provided".format(path)
+                    if current == pid
+                    else "descends from pid {}, which ran {}, which the agent provided".format(current, path)
+                )
             if parent == self.daemon.verifier_init:
                 return "orphan", "outlived its parent: it belongs to no test script"
-            if not self.daemon._in_verifier_namespace(parent):
+            outside = self._outside_verifier(parent)
+            if outside is None:
+                return untraced
+            if outside:
                 return None, None  # started by the daemon: the test script itself
             current = parent
         return untraced
+
+    def _identity(self, pid):
+        """(start time, parent pid): from /proc while the process lives, else as its exec left it, else None. A
+        process being reaped still has its /proc entry, with parent 0: that is not a parent."""
+        try:
+            start, parent = identity_of(pid)
+            if parent > 0:
+                return start, parent
+        except (OSError, ValueError, IndexError):
+            pass
+        return None if self.execs is None else self.execs.seen(pid)
+
+    def _outside_verifier(self, pid):
+        """Whether ``pid`` is outside the verifier's processes: the daemon, or its child that starts the test script
+        (None: gone and never seen at an exec, so it cannot be told). A live process whose namespace cannot be read
+        (a program that made itself undumpable) is inside: only the daemon's own are outside."""
+        if pid == os.getpid():
+            return True
+        try:
+            return os.readlink("/proc/{}/ns/pid".format(pid)) != self.daemon.verifier_pid_ns
+        except OSError:
+            pass
+        try:
+            return identity_of(pid)[1] == os.getpid()
+        except (OSError, ValueError, IndexError):
+            return False if self.execs is not None and self.execs.seen(pid) is not None else None
 
     def _answer(self, group, fd, pid):
         """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted,
@@ -306,7 +381,7 @@ class OpenWatch:
             self.drain_notices()
             why = self.untrusted(pid)
             info = os.fstat(fd)
-            path = _path(fd, info)
+            path = fd_path(fd, info)
             untrusted = why is not None and os.path.basename(path) in REWARD_FILES
             refuse = untrusted and self.refuse_untrusted
             if why is not None:
@@ -315,7 +390,7 @@ class OpenWatch:
                 self.untrusted_rewards.append({"path": path, "pid": pid, "why": why, "refused": refuse})
                 self.reported_rewards.add((info.st_dev, info.st_ino))
         finally:
-            os.write(group, _RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
+            os.write(group, FANOTIFY_RESPONSE.pack(fd, FAN_DENY if refuse else FAN_ALLOW))
 
     def drain_notices(self):
         for side, group in self.groups:
@@ -337,9 +412,14 @@ class OpenWatch:
                 continue
             why = self.untrusted_files.get((info.st_dev, info.st_ino))
             if why is not None and (info.st_dev, info.st_ino) not in self.reported_rewards:
-                self.untrusted_rewards.append({"path": "{}/{}".format(REWARD_FOLDER, name), "pid": 0,
-                                            "why": "this file became the reward, but {} opened it".format(why),
-                                            "refused": self.refuse_untrusted})
+                self.untrusted_rewards.append(
+                    {
+                        "path": "{}/{}".format(REWARD_FOLDER, name),
+                        "pid": 0,
+                        "why": "this file became the reward, but {} opened it".format(why),
+                        "refused": self.refuse_untrusted,
+                    }
+                )
 
     def boundary(self):
         """The order where the tests began: every file first opened before it was opened by the runner starting up.
@@ -369,117 +449,50 @@ class OpenWatch:
                 head = record["head"] or b""
                 during = record["ctime"] >= window or key in self.written["agent"]
                 wide = record["path"].endswith(_READ_HEADS) or during
-                used.append({"path": record["path"], "exec": record["exec"], "magic": head[:4].hex(),
-                             "head": _b64(head) if wide else None, "during": during, "early": record["early"],
-                             "zip": bool(record.get("zip")), "proven": bool(record.get("proven")),
-                             "pth_files": record.get("pth_files", []), "sha256": record.get("sha256")})
-        early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and _is_code(record))
+                used.append(
+                    {
+                        "path": record["path"],
+                        "exec": record["exec"],
+                        "magic": head[:4].hex(),
+                        "head": _b64(head) if wide else None,
+                        "during": during,
+                        "early": record["early"],
+                        "zip": bool(record.get("zip")),
+                        "proven": bool(record.get("proven")),
+                        "pth_files": record.get("pth_files", []),
+                        "sha256": record.get("sha256"),
+                    }
+                )
+        early_code = sorted(record["path"] for record in self.opened.values() if record["early"] and is_code(record))
         if len(early_code) > MAX_EARLY_CODE:
             self.complete = False
         targets = {record["path"]: record for record in self.opened.values()}
-        loaded = sorted(record["path"] for record in self.opened.values()
-                        if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF")[:MAX_LISTED]
+        loaded = sorted(
+            record["path"]
+            for record in self.opened.values()
+            if not record["exec"] and (record["head"] or b"")[:4] == b"\x7fELF"
+        )[:MAX_LISTED]
         # A link made while the verifier ran may lead to data that was not recorded: fail closed, as if opened early.
-        unrecorded = _unrecorded_target if self.data_opened else None
+        unrecorded = unrecorded_target if self.data_opened else None
         relinked = links_opened(daemon.since, self.window, targets, workdir, self.links, unrecorded)
         return {"used": used, "relinked": relinked, "loaded": loaded,
                 "watch": {"complete": self.complete, "lost": self.lost, "early_code": early_code[:MAX_EARLY_CODE],
                           "untrusted_rewards": self.untrusted_rewards}}  # fmt: skip
 
     def close(self):
+        if self.execs is not None:
+            self.execs.close()
+            os.close(self.exec_group)
+            self.execs = None
+        for fd in self.held.values():
+            os.close(fd)
+        self.held = {}
         for _, fd in self.groups:  # a permission event not yet answered is allowed when its group closes
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.groups = []
-
-
-def _path(fd, info):
-    path = os.readlink("/proc/self/fd/{}".format(fd))
-    if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
-        path = path[: -len(" (deleted)")]
-    return path
-
-
-def _unrecorded_target(path):
-    """A record for data a link leads to, which the watch may have opened without recording: opened early, not run.
-    Code is always recorded when opened, so code without a record was not opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # never waits on a pipe
-    except OSError:
-        return None
-    try:
-        head = os.pread(fd, 4, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        head = None
-    finally:
-        os.close(fd)
-    if head is None or path.endswith(CODE_SUFFIXES) or head.startswith(CODE_MAGIC):
-        return None
-    return {"exec": False, "early": True, "head": head}
-
-
-def _is_test_file(path, in_tests=False):
-    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere, or the
-    bytecode of one (pytest loads its rewritten test modules from ``__pycache__`` without opening the source)."""
-    folder, name = os.path.split(path)
-    if os.path.basename(folder) == "__pycache__" and name.endswith(".pyc"):
-        name = name.split(".")[0] + ".py"
-    if not name.endswith(".py"):
-        return False
-    return in_tests or name.startswith("test_") or name.endswith("_test.py")
-
-
-def _is_code(record):
-    magic = (record["head"] or b"")[:4]
-    return (record["exec"] or bool(record.get("zip")) or magic.startswith(CODE_MAGIC)
-            or record["path"].endswith(CODE_SUFFIXES))  # fmt: skip
-
-
-ZIP_END = b"PK\x05\x06"
-ZIP_TAIL = 65535 + 22  # a zip's end record, with the longest comment it may carry
-
-
-def _is_zip(fd, size):
-    """Whether Python's zipimport (and pip, and zipfile) would read this file as a zip: they find the archive by its
-    end record, looked for in its last 64 KiB, whatever comes before it; so is it found here."""
-    if size < 22:
-        return False
-    tail = os.pread(fd, min(size, ZIP_TAIL), max(0, size - ZIP_TAIL))
-    return ZIP_END in tail
-
-
-def _read_whole(fd, size):
-    """The whole file, if it is small enough to be an installer's (else None: not one)."""
-    return os.pread(fd, size, 0) if size <= MAX_PROVEN_BYTES else None
-
-
-def _pth_files(path, head):
-    """The files a ``.pth`` file's path lines put on Python's path: only a zip can be imported from a file, so each
-    is code Python may import at every start."""
-    folder, found = os.path.dirname(path), []
-    for line in (head or b"").decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", "import ", "import\t")):
-            continue
-        target = os.path.join(folder, line)
-        if os.path.isfile(target):
-            found.append(target)
-    return found[:20]
-
-
-def _is_runner_file(path):
-    """A file of a Python test runner's own package (pytest's), or its program: the runner has started."""
-    return "/_pytest/" in path or path.endswith("/pytest/__init__.py") or os.path.basename(path) in ("pytest",
-                                                                                                       "py.test")
-
-
-def _start_time(pid):
-    try:
-        return int(_stat_fields(pid)[_STARTTIME])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _mount_points(pid):

@@ -7,6 +7,7 @@ import stat
 from .code_files import CODE_MAGIC, CODE_SUFFIXES
 from .installer_files import MAX_PROVEN_BYTES
 
+
 def fd_path(fd, info):
     path = os.readlink("/proc/self/fd/{}".format(fd))
     if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
@@ -83,5 +84,6 @@ def pth_files(path, head):
 
 def is_runner_file(path):
     """A file of a Python test runner's own package (pytest's), or its program: the runner has started."""
-    return "/_pytest/" in path or path.endswith("/pytest/__init__.py") or os.path.basename(path) in ("pytest",
-                                                                                                       "py.test")
+    return (
+        "/_pytest/" in path or path.endswith("/pytest/__init__.py") or os.path.basename(path) in ("pytest", "py.test")
+    )
