@@ -50,7 +50,7 @@ class Daemon:
     def __init__(self, agent_init, verifier_init, file_limit=0):
         self.agent_init = agent_init
         self.verifier_init = verifier_init
-        self.verifier_pid_ns = os.readlink("/proc/{}/ns/pid".format(verifier_init))
+        self.verifier_level = len(_ns_pids(verifier_init))  # the depth of the verifier's PID namespace
         self.spawner = Spawner(agent_init, verifier_init, seccomp_program(), file_limit)
         self.tmux = Tmux(self.spawner)
         self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
@@ -132,10 +132,11 @@ class Daemon:
             time.sleep(0.005)
 
     def _in_verifier_namespace(self, pid):
-        try:
-            return os.readlink("/proc/{}/ns/pid".format(pid)) == self.verifier_pid_ns
-        except OSError:
-            return False
+        """Whether ``pid`` lives in the verifier's PID namespace, from its depth (/proc/<pid>/status, which shows
+        any process's, undumpable or not; its namespace's link does not): the verifier's is the only namespace at
+        its depth (the agent's lies below it, and nothing in the container may make another). False once gone."""
+        levels = _ns_pids(pid)
+        return bool(levels) and len(levels) == self.verifier_level
 
     def pane_pid(self, ns_pid):
         """The pane shell's pid in this namespace, from its pid in the agent's (what tmux reports)."""

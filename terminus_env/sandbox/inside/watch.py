@@ -359,19 +359,17 @@ class OpenWatch:
         return None if self.execs is None else self.execs.seen(pid)
 
     def _outside_verifier(self, pid):
-        """Whether ``pid`` is outside the verifier's processes: the daemon, or its child that starts the test script
-        (None: gone and never seen at an exec, so it cannot be told). A live process whose namespace cannot be read
-        (a program that made itself undumpable) is inside: only the daemon's own are outside."""
-        if pid == os.getpid():
-            return True
+        """Whether ``pid`` is outside the verifier's processes, on the daemon's side (None: gone and never seen at
+        an exec, so it cannot be told). Told by its namespace's depth, which /proc shows for any live process,
+        undumpable or not."""
+        if self.daemon._in_verifier_namespace(pid):
+            return False
         try:
-            return os.readlink("/proc/{}/ns/pid".format(pid)) != self.daemon.verifier_pid_ns
-        except OSError:
-            pass
-        try:
-            return identity_of(pid)[1] == os.getpid()
+            if identity_of(pid)[1] > 0:  # alive (being reaped, it names parent 0 and no namespace)
+                return True  # and not the verifier's: a verifier process's parent is the verifier's or the daemon's
         except (OSError, ValueError, IndexError):
-            return False if self.execs is not None and self.execs.seen(pid) is not None else None
+            pass
+        return False if self.execs is not None and self.execs.seen(pid) is not None else None
 
     def _answer(self, group, fd, pid):
         """Allow or refuse an open in /logs/verifier; refused: a reward file opened by a process not to be trusted,
