@@ -11,7 +11,6 @@ from .kernel import FAN_ALLOW, FANOTIFY_EVENT, FANOTIFY_RESPONSE
 from .processes import identity_of
 
 MAX_LEVELS = 64  # of ancestors recorded at one exec (the test script is a few levels up)
-POLL_MS = 50  # how often the thread looks for the stop flag
 
 
 class ExecWitness:
@@ -24,9 +23,14 @@ class ExecWitness:
         self.group = group
         self.daemon = daemon
         self.known = {}  # pid -> (start time, parent pid), as last seen at an exec
-        self._stop = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()  # close() wakes the thread at once (non-inheritable)
         self._thread = threading.Thread(target=self._answer_all, name="exec-witness", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            raise
 
     def seen(self, pid):
         """(start time, parent pid) of ``pid`` as recorded at its last exec, or of an ancestor's; None if never."""
@@ -35,10 +39,12 @@ class ExecWitness:
     def _answer_all(self):
         poller = select.poll()
         poller.register(self.group, select.POLLIN)
-        while not self._stop.is_set():
+        poller.register(self._wake_read, select.POLLIN)
+        while True:
             try:
-                if not poller.poll(POLL_MS):
-                    continue
+                ready = [fd for fd, _ in poller.poll()]
+                if self._wake_read in ready:
+                    return
                 data = os.read(self.group, 65536)
             except BlockingIOError:
                 continue
@@ -71,5 +77,7 @@ class ExecWitness:
 
     def close(self):
         """Stop answering; the group's owner closes it (what is still waiting is allowed then)."""
-        self._stop.set()
+        os.write(self._wake_write, b"x")
         self._thread.join()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
