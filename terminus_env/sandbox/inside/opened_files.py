@@ -1,5 +1,5 @@
-"""What a file the verifier opened is, from its name, its handle and its first bytes: the watch's pure-ish helpers
-(they read only the descriptor or path they are given)."""
+"""What a file the verifier opened is, from its name, its handle and its first bytes: the watch's helpers, each of
+which reads only the descriptor or path it is given."""
 
 import os
 import stat
@@ -9,6 +9,7 @@ from .installer_files import MAX_PROVEN_BYTES
 
 
 def fd_path(fd, info):
+    """The path of an event's descriptor as /proc names it (OSError past PATH_MAX: the watch records that as lost)."""
     path = os.readlink("/proc/self/fd/{}".format(fd))
     if info.st_nlink == 0 and path.endswith(" (deleted)"):  # gone already: its name when it went
         path = path[: -len(" (deleted)")]
