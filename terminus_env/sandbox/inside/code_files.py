@@ -22,4 +22,4 @@ def names_what_runs(path):
     files) decides nothing."""
     name = path.rsplit("/", 1)[-1]
     return (path.endswith(_DECIDING_SUFFIXES) or any(folder in path for folder in _DECIDING_FOLDERS)
-            or path.startswith("/etc/") or name in RUNNER_CONFIGS or name.split(".")[0] in STARTUP_MODULES)
+            or name in RUNNER_CONFIGS or name.split(".")[0] in STARTUP_MODULES)
