@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from terminus_env.sandbox.inside import channel, processes, seccomp, tmux
 from terminus_env.sandbox.inside.private_folders import AgentFault, NotRegular, PrivateFolder
+from terminus_env.sandbox.inside.tests_start import StartOfTests
 
 # --- seccomp -------------------------------------------------------------------------------------------------------
 
@@ -68,6 +69,24 @@ def test_the_seccomp_filter_denies_what_docker_denies_without_cap_sys_admin(mach
         assert run_bpf(program, 0x40000000 | 1, seccomp.AUDIT_ARCH["x86_64"]) == ENOSYS  # x32
 
 
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_verifiers_filter_refuses_taking_hold_of_another_process(machine: str) -> None:
+    """ptrace may start a tracee of one's own (TRACEME) and work on it, never attach to a running process."""
+    base, untraceable = seccomp.seccomp_program(machine), seccomp.seccomp_program(machine, untraceable=True)
+    for abi in seccomp._NATIVE_ABIS[machine]:
+        arch, column = seccomp.AUDIT_ARCH[abi], seccomp._ABI_COLUMN[abi]
+        ptrace = seccomp._TRACING_SYSCALLS["ptrace"][column]
+        for request in (seccomp.PTRACE_ATTACH, seccomp.PTRACE_SEIZE):
+            assert run_bpf(untraceable, ptrace, arch, arg0=request) == EPERM, (abi, request)
+            assert run_bpf(base, ptrace, arch, arg0=request) == ALLOW, (abi, request)
+        for request in (0, 2, 5, 7, 17):  # TRACEME, PEEKDATA, POKEDATA, CONT, DETACH
+            assert run_bpf(untraceable, ptrace, arch, arg0=request) == ALLOW, (abi, request)
+        for name in ("process_vm_writev", "pidfd_getfd"):
+            assert run_bpf(untraceable, seccomp._TRACING_SYSCALLS[name][column], arch) == EPERM, (abi, name)
+        clone = seccomp._SYSCALLS["clone"][column]
+        assert run_bpf(untraceable, clone, arch, arg0=0x10000000 | 0x11) == EPERM  # the base rules still hold
+
+
 def test_the_seccomp_filter_refuses_an_unknown_machine() -> None:
     with pytest.raises(OSError, match="unsupported machine"):
         seccomp.seccomp_program("riscv64")
@@ -77,6 +96,31 @@ def test_the_agents_side_keeps_the_containers_capabilities_but_the_daemons() -> 
     kept = seccomp.agent_capabilities()
     daemon_only = {seccomp.CAPABILITIES.index(name) for name in seccomp.DAEMON_ONLY_CAPS}
     assert kept == seccomp.own_capabilities() - daemon_only and not kept & daemon_only
+
+
+def opened_in_order(start: StartOfTests, *files: tuple[str, bool]) -> None:
+    """Tell ``start`` each (path, the image's own and unchanged) as opened, in order, by pytest from /app."""
+    for order, (path, image_unchanged) in enumerate(files, 1):
+        start.see(order, path, in_tests=False, written_by_verifier=False, image_unchanged=image_unchanged)
+
+
+def test_the_images_own_conftest_begins_the_projects_test_code() -> None:
+    start = StartOfTests([], expects_tests=True)
+    opened_in_order(start, ("/usr/lib/python3/dist-packages/_pytest/main.py", True), ("/app/conftest.py", False),
+                    ("/app/tests/conftest.py", True), ("/app/calc/__init__.py", False),
+                    ("/app/tests/unit/conftest.py", False), ("/app/tests/test_calc.py", True))  # fmt: skip
+    assert (start.project_at, start.tests_at, start.boundary()) == (3, 6, 6)
+    assert start.early("/app/conftest.py", 2)  # the agent's, opened before: the runner's start
+    assert not start.early("/app/calc/__init__.py", 4)  # what the image's conftest imports: the tests' subject
+    assert start.early("/app/tests/unit/conftest.py", 5)  # a conftest before the first test file: configuration
+
+
+def test_a_conftest_the_agent_made_or_changed_or_linked_begins_nothing() -> None:
+    start = StartOfTests([{"target": "/usr/share/doc/conftest.py"}], expects_tests=True)
+    opened_in_order(start, ("/usr/share/doc/conftest.py", True), ("/app/tests/conftest.py", False),
+                    ("/app/calc/__init__.py", False))  # fmt: skip
+    assert start.project_at is None and start.tests_at is None
+    assert start.early("/app/calc/__init__.py", 3)  # no test file: everything was the runner's start (fail closed)
 
 
 # --- tmux ----------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ read: the agent's outputs, the programs it was asked to install, the module the 
 not choose is the verifier's own runtime, and *when* code is loaded says which is which: until the verifier opens
 its first test file, every process it runs is the runner (the test script, the package manager that builds its
 environment, the interpreter and the test runner starting up), and code the agent provided that runs there decides
-the verdict instead of being judged by it. So:
+the verdict instead of being judged by it; from the image's own ``conftest.py``, what it imports is the tests'
+subject (see ``inside/tests_start.py``). So:
 
 - ``loaded_before_tests``: code the agent provided (a program, a module, a library, a zip Python imports from),
   loaded before the tests began, whatever its name or folder; also code reached, before the tests began, through a

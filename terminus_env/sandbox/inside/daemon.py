@@ -51,7 +51,9 @@ class Daemon:
         self.agent_init = agent_init
         self.verifier_init = verifier_init
         self.verifier_level = len(_ns_pids(verifier_init))  # the depth of the verifier's PID namespace
-        self.spawner = Spawner(agent_init, verifier_init, seccomp_program(), file_limit)
+        programs = dict.fromkeys(("agent", "terminal"), seccomp_program())
+        programs["verifier"] = seccomp_program(untraceable=True)
+        self.spawner = Spawner(agent_init, verifier_init, programs, file_limit)
         self.tmux = Tmux(self.spawner)
         self.panes = {}  # the pane's pid in the agent's namespace -> its pid here
         self.private = {path: PrivateFolder(path) for path in VERIFIER_FOLDERS}

@@ -68,7 +68,9 @@ def verifier_init(command, user, handover, keep, program, report, go, file_limit
         for folder in (TESTS_FOLDER, RUN_DIR):
             mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
         _own_shared_memory()
-        _mount_proc()
+        # Read-only: a program the tests run, as root like the test script, may not write the script's memory
+        # through /proc/<pid>/mem (nor attach to it: see seccomp.py).
+        _mount_proc(readonly=True)
         _shield_private_folders(channel_folders)
         confine(keep, program)
         os.write(report, b"verifier-ready\n")
@@ -231,8 +233,9 @@ def _own_shared_memory():
     mount("tmpfs", SHARED_MEMORY, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={}".format(size))
 
 
-def _mount_proc():
-    """A /proc for the new PID namespace, with the container's masks over it again (read-only parts, hidden files)."""
+def _mount_proc(readonly=False):
+    """A /proc for the new PID namespace, with the container's masks over it again (read-only parts, hidden files).
+    ``readonly``: nothing may be written through it, ``/proc/<pid>/mem`` included (the open answers EROFS)."""
     masks = []
     with open("/proc/self/mountinfo") as handle:
         for line in handle:
@@ -242,14 +245,16 @@ def _mount_proc():
                 fstype = fields[fields.index("-") + 1]
                 masks.append((point, fstype, "ro" in fields[5].split(","), os.path.isdir(point)))
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for point, fstype, readonly, is_dir in masks:
+    for point, fstype, mask_readonly, is_dir in masks:
         if not os.path.exists(point):
             continue
         if fstype == "proc":
             mount(point, point, None, MS_BIND | MS_REC)
-            if readonly:
+            if mask_readonly:
                 mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         elif is_dir:
             mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
         else:
             mount("/dev/null", point, None, MS_BIND)
+    if readonly:
+        mount(None, "/proc", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)

@@ -34,15 +34,27 @@ def unrecorded_target(path):
     return {"exec": False, "early": True, "head": head}
 
 
-def is_test_file(path, in_tests=False):
-    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere, or the
-    bytecode of one (pytest loads its rewritten test modules from ``__pycache__`` without opening the source)."""
+def _source_name(path):
+    """The name of the Python file ``path`` is, or is the bytecode of (pytest loads the modules it rewrote, test
+    files and conftests, from ``__pycache__`` without opening the source)."""
     folder, name = os.path.split(path)
     if os.path.basename(folder) == "__pycache__" and name.endswith(".pyc"):
-        name = name.split(".")[0] + ".py"
+        return name.split(".")[0] + ".py"
+    return name
+
+
+def is_test_file(path, in_tests=False):
+    """A file a test runner collects: a Python file in /tests, or ``test_*.py`` / ``*_test.py`` anywhere, or the
+    bytecode of one."""
+    name = _source_name(path)
     if not name.endswith(".py"):
         return False
     return in_tests or name.startswith("test_") or name.endswith("_test.py")
+
+
+def is_conftest(path):
+    """A pytest ``conftest.py``, or the bytecode of one."""
+    return _source_name(path) == "conftest.py"
 
 
 def is_code(record):

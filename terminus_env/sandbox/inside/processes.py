@@ -210,8 +210,8 @@ class Spawner:
       agent's side can see, signal or trace it (the daemon's tmux control client).
     """
 
-    def __init__(self, agent_init, verifier_init, program, file_limit=0):
-        self.program = program
+    def __init__(self, agent_init, verifier_init, programs, file_limit=0):
+        self.programs = programs  # the seccomp filter of each side
         self.agent_rlimits = ((resource.RLIMIT_FSIZE, file_limit),) if file_limit else ()
         self.agent_caps = agent_capabilities()
         self.own_caps = own_capabilities()  # what a child starts with (the terminal's side has no /proc to ask)
@@ -253,7 +253,7 @@ class Spawner:
                     _report_and_exit(write_end, "fork", exc)
                 if grandchild == 0:
                     limits = tuple(rlimits) + (self.agent_rlimits if agent else ())
-                    self._become(argv, stdio, user, environ, cwd, limits, write_end)
+                    self._become(argv, stdio, user, environ, cwd, limits, write_end, self.programs[side])
                 os.close(write_end)
                 for fd in set(stdio):
                     os.close(fd)
@@ -274,7 +274,7 @@ class Spawner:
             raise SpawnError(text, int(code) if code.isdigit() and code != "0" else None, stage)
         return Child(pid)
 
-    def _become(self, argv, stdio, user, environ, cwd, rlimits, report):
+    def _become(self, argv, stdio, user, environ, cwd, rlimits, report, program):
         stage = "stdio"
         try:
             copies = [os.dup(fd) for fd in stdio]
@@ -285,7 +285,7 @@ class Spawner:
             os.setsid()
             _restore_signals()
             stage = "confine"
-            confine(self.agent_caps, self.program, self.own_caps)
+            confine(self.agent_caps, program, self.own_caps)
             stage = "limits"
             for which, value in rlimits:
                 resource.setrlimit(which, (value, value))

@@ -42,14 +42,22 @@ _SYSCALLS = {
     "mount_setattr": (442, 442, 442), "io_uring_setup": (425, 425, 425), "io_uring_enter": (426, 426, 426),
     "io_uring_register": (427, 427, 427), "io_setup": (206, 245, 0),
 }  # fmt: skip
+# What the verifier's side may not do to another process: a program the tests run, as root like the test script,
+# could otherwise attach to the script's shell (or to pytest) and change what it writes as the reward. ptrace is
+# refused only its two requests that take hold of a running process: a tracer that starts its own tracee
+# (PTRACE_TRACEME, as gdb runs a program) still works. Writing another's memory through /proc is refused by the
+# side's read-only /proc (see inits.verifier_init).
+_TRACING_SYSCALLS = {"ptrace": (101, 26, 117), "process_vm_writev": (311, 348, 271), "pidfd_getfd": (438, 438, 438)}
+PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
 _ABI_COLUMN = {"x86_64": 0, "i386": 1, "aarch64": 2}
 _NATIVE_ABIS = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64",)}
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
 
-def seccomp_program(machine=None):
-    """A classic BPF program (bytes of struct sock_filter) denying the calls above on this machine's ABIs.
+def seccomp_program(machine=None, untraceable=False):
+    """A classic BPF program (bytes of struct sock_filter) denying the calls above on this machine's ABIs, and with
+    ``untraceable`` the taking hold of another process (the verifier's side).
 
     Calls from an ABI the machine does not natively run answer ENOSYS, as do x32 calls on x86_64.
     """
@@ -72,16 +80,23 @@ def seccomp_program(machine=None):
         if abi == "x86_64":
             emit(_JGE, 0x40000000, jt="enosys")  # the x32 ABI
         column = _ABI_COLUMN[abi]
-        for name, numbers in sorted(_SYSCALLS.items()):
+        denied = dict(_SYSCALLS, **(_TRACING_SYSCALLS if untraceable else {}))
+        for name, numbers in sorted(denied.items()):
             nr = numbers[column]
             if nr is None:
                 continue
-            target = {"clone": "clone:" + abi, "clone3": "enosys", "io_setup": "enosys"}.get(name, "eperm")
-            emit(_JEQ, nr, jt=target)
+            target = {"clone": "clone:" + abi, "clone3": "enosys", "io_setup": "enosys", "ptrace": "ptrace"}
+            emit(_JEQ, nr, jt=target.get(name, "eperm"))
         emit(_RET, _ALLOW)
         labels["clone:" + abi] = len(code)
         emit(_LD_W_ABS, 16)  # the low half of args[0]: clone's flags on these little-endian ABIs
         emit(_JSET, CLONE_NAMESPACES, jt="eperm")
+        emit(_RET, _ALLOW)
+    if untraceable:
+        labels["ptrace"] = len(code)
+        emit(_LD_W_ABS, 16)  # ptrace's request
+        emit(_JEQ, PTRACE_ATTACH, jt="eperm")
+        emit(_JEQ, PTRACE_SEIZE, jt="eperm")
         emit(_RET, _ALLOW)
     labels["eperm"] = len(code)
     emit(_RET, _ERRNO | errno.EPERM)

@@ -16,8 +16,6 @@ from .names import RUN_DIR, TESTS_FOLDER
 from .opened_files import (
     fd_path,
     is_code,
-    is_runner_file,
-    is_test_file,
     is_zip,
     pth_files,
     read_whole,
@@ -26,6 +24,7 @@ from .opened_files import (
 from .packages import packaged_candidate, sha256_of
 from .private_folders import _b64
 from .processes import identity_of
+from .tests_start import StartOfTests
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE, FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x2, 0x10, 0x1, 0x10
 FAN_CLASS_CONTENT = 0x4
@@ -71,7 +70,6 @@ class OpenWatch:
         self.daemon = daemon
         # Training refuses an untrusted process the reward; evaluation lets it write, as Harbor does, and reports it.
         self.refuse_untrusted = refuse_untrusted
-        self.expects_tests = expects_tests  # the tests hold Python files, or a script names a test runner
         self.groups = []
         self.window = window  # when the verifier's run began
         self.opened = {}  # (dev, ino) -> record
@@ -80,14 +78,9 @@ class OpenWatch:
         self.written = {"verifier": set(), "agent": set(), "tainted": set()}
         self.complete = True
         self.order = 0  # events recorded so far: a file's first open is told apart from the first test file's
-        self.tests_began_at = None  # the order of the first test file opened
-        self.runner_seen = False  # a file of a Python test runner's own package was opened
         self.tests_device = os.fstat(daemon.private[TESTS_FOLDER].fd).st_dev
-        # Where the agent's links lead: a file reached by a link of the agent's never says that the tests began (a
-        # start-up file Python reads, made a link to a test file, would otherwise say so).
-        self.links = list(links)
-        self.link_targets = frozenset(link["target"] for link in links)
-        self.link_folders = tuple(link["target"].rstrip("/") + "/" for link in links if link.get("folder"))
+        self.links = list(links)  # where the agent's links lead
+        self.start = StartOfTests(self.links, expects_tests)
         self.ran_agents_code = {}  # (pid, start time) -> the changed code files it opened (the agent's, unless its own)
         self.untrusted_files = {}  # (dev, ino) in /logs/verifier -> why no opener of it is trusted
         self.untrusted_rewards = []
@@ -220,10 +213,9 @@ class OpenWatch:
         if record is None:
             path = fd_path(fd, info)
             in_tests = info.st_dev == self.tests_device  # the verifier's own tests, known by their mount
-            if self.tests_began_at is None and self._begins_tests(path, info, key, in_tests):
-                self.tests_began_at = self.order
-            if not self.runner_seen and is_runner_file(path):
-                self.runner_seen = True
+            written = self.written
+            unchanged = info.st_ctime < self.daemon.since and not any(key in written[side] for side in written)
+            self.start.see(self.order, path, in_tests, key in written["verifier"], unchanged)
             if in_tests:  # the verifier's own, fresh each run
                 return
             if not self._may_decide(path, key, info, mask, fd):
@@ -275,24 +267,12 @@ class OpenWatch:
         counted, not recorded, and is asked again at its next open (it may have changed meanwhile)."""
         if mask & FAN_OPEN_EXEC or path.endswith(CODE_SUFFIXES) or names_what_runs(path):
             return True
-        if path in self.link_targets or path.startswith(self.link_folders) or key in self.written["agent"]:
+        if self.start.via_link(path) or key in self.written["agent"]:
             return True
         if os.pread(fd, 4, 0).startswith(CODE_MAGIC):
             return True
         changed = info.st_ctime >= self.daemon.since or key in self.written["tainted"]
         return changed and self._agents(key) and is_zip(fd, info.st_size)
-
-    def _begins_tests(self, path, info, key, in_tests):
-        """Whether opening this file means the tests began: a Python file of the verifier's own tests (known by its
-        mount), or a test file of the project's (``test_*.py``, ``*_test.py``, the image's or the agent's, not one the
-        verifier wrote itself, as an installer unpacking a package's tests does); never a file that one of the
-        agent's links leads to. Nothing Python or the loader reads at start-up has such a name: only a link could
-        make a start-up read one."""
-        if path in self.link_targets or path.startswith(self.link_folders):
-            return False
-        if in_tests:
-            return is_test_file(path, in_tests=True)
-        return key not in self.written["verifier"] and is_test_file(path)
 
     def _agents(self, key):
         """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
@@ -419,17 +399,6 @@ class OpenWatch:
                     }
                 )
 
-    def boundary(self):
-        """The order where the tests began: every file first opened before it was opened by the runner starting up.
-        Told by the first test file; where none was opened, a runner that started or tests that hold Python files or
-        name a test runner make everything the runner's start (fail closed); scripts that name no test runner, with
-        none started, are the test themselves, and only the rules that hold at any time apply (0)."""
-        if self.tests_began_at is not None:
-            return self.tests_began_at
-        if self.runner_seen or self.expects_tests:
-            return self.order + 1
-        return 0
-
     def finish(self, daemon, workdir):
         """Once the verifier's processes are gone: read the last events and say what it ran that changed (``during``:
         changed since the start of the verifier's run, by another than the verifier; ``early``: first opened before
@@ -437,9 +406,8 @@ class OpenWatch:
         targets it opened, the libraries it loaded, and the refused openers of the reward."""
         self.drain()
         window = self.window
-        boundary = self.boundary()
         for record in self.opened.values():
-            record["early"] = record["first"] < boundary
+            record["early"] = self.start.early(record["path"], record["first"])
         used = []
         for key, record in self.opened.items():
             changed = record["ctime"] >= daemon.since or key in self.written["agent"] or key in self.written["tainted"]
