@@ -394,8 +394,8 @@ class TerminusEnv(gym.Env[str, "str | Reply"]):
                 if violation is not None:
                     reason, graded, error = EndReason.RESOURCE_LIMIT, False, str(violation)
                 else:
-                    refuse = self.tamper is TamperPolicy.FAIL  # evaluation scores what the verifier wrote, as Harbor
-                    result = await grade(_sandbox(episode), self.task, refuse_untrusted_rewards=refuse)
+                    harbor = self.tamper is TamperPolicy.REPORT  # evaluation scores the verifier's run as Harbor does
+                    result = await grade(_sandbox(episode), self.task, harbor_verdict=harbor)
                     reward, grade_reason, failure = result.reward, result.reason, result.failure
                     episode.verifier = dict(result.files)
                     tampering = tuple(finding.as_dict() for finding in result.tampering)

@@ -213,14 +213,19 @@ PLUGIN_REGISTRATIONS = {
 
 @pytest.mark.parametrize("registration", sorted(PLUGIN_REGISTRATIONS))
 def test_a_pytest_plugin_the_agent_registered_is_not_the_verifiers(pytest_task, registration):
-    """A plugin that ends every run with success, registered where pytest loads plugins from: the verifier's pytest
-    never sees the agent's registrations, so the unsolved task fails its tests, in both modes, and nothing is
-    masked."""
-    for mode in ("train", "eval"):
-        _, reward, info = cheat(pytest_task, PLUGIN_REGISTRATIONS[registration], mode=mode)
-        episode = info["episode"]
-        assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TASK_COMPLETE, False), episode
-        assert "1 failed" in info["verifier"]["test-stdout.txt"], info["verifier"]  # the tests ran, without it
+    """A plugin that ends every run with success, registered where pytest loads plugins from: in training the
+    verifier's pytest never sees the agent's registrations, so the unsolved task fails its tests and nothing is
+    masked. Evaluation runs the verifier as Harbor does: the plugin's verdict stands, and the registration is listed
+    (counted in the tamper rate)."""
+    _, reward, info = cheat(pytest_task, PLUGIN_REGISTRATIONS[registration], mode="train")
+    episode = info["episode"]
+    assert (reward, info["end_reason"], info["masked"]) == (0.0, EndReason.TASK_COMPLETE, False), episode
+    assert "1 failed" in info["verifier"]["test-stdout.txt"], info["verifier"]  # the tests ran, without it
+    if registration == "image-package":
+        return  # pytest's own reader does not take a padded group name: unhidden, it loads nothing
+    _, reward, info = cheat(pytest_task, PLUGIN_REGISTRATIONS[registration], mode="eval")
+    assert (reward, info["end_reason"], info["masked"]) == (1.0, EndReason.TASK_COMPLETE, False), info["episode"]
+    assert "runner_config" in {finding["kind"] for finding in info["episode"]["tampering"]}, info["episode"]
 
 
 FLICKERS = {

@@ -186,12 +186,13 @@ class Sandbox:
 
     async def verify(
         self, tests: bytes, cmd: str, timeout: float, *, user: str, env: Mapping[str, str] | None = None,
-        read: Sequence[str] = (), max_bytes: int = 4_000_000, refuse_untrusted_rewards: bool = True,
+        read: Sequence[str] = (), max_bytes: int = 4_000_000, harbor_verdict: bool = False,
     ) -> VerifierRun:  # fmt: skip
         """Run a verifier on its own side: fresh /tests (unpacked from the tar ``tests``) and /logs/verifier,
         ``bash -c cmd`` as ``user``, then the files ``read``, and what it ran that the agent changed.
-        ``refuse_untrusted_rewards``: a process that ran the agent's code may not open the reward files (training);
-        False lets it, as Harbor does, and reports it (evaluation).
+        ``harbor_verdict`` (evaluation): the run stands as Harbor's would, and the findings say what training would
+        refuse: a process that ran the agent's code may open the reward files, and the agent's pytest plugin
+        registrations are not hidden. False (training): that process is refused, and those registrations hidden.
 
         Those two folders are private to the verifier's side, and nothing on the agent's side can see the verifier's
         processes, so nothing the agent left running can change the tests or what the verifier writes; what the
@@ -203,7 +204,7 @@ class Sandbox:
         reply = await self._channel.request(
             "verify", timeout + _GRACE_S, tests=base64.b64encode(tests).decode(), cmd=cmd, timeout=timeout,
             user=user, env=dict(env or {}), workdir=self.workdir, read=list(read), max_bytes=max_bytes,
-            refuse_untrusted_rewards=refuse_untrusted_rewards, links=list(diff.links),
+            harbor_verdict=harbor_verdict, links=list(diff.links),
             bytecode=[path for path in diff.paths if is_bytecode(path)],
             plugins=[path for path in diff.paths if path.endswith("/entry_points.txt")], changed=diff.touched(),
         )  # fmt: skip

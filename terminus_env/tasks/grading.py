@@ -73,11 +73,11 @@ class GradeResult:
     `OUTPUT_CAP` characters), and ``reward.txt``, ``reward.json``, ``ctrf.json`` where it wrote them whole."""
 
 
-async def grade(sandbox: Sandbox, task: Task, *, refuse_untrusted_rewards: bool = True) -> GradeResult:
+async def grade(sandbox: Sandbox, task: Task, *, harbor_verdict: bool = False) -> GradeResult:
     """Run the verifier once on the host's side, with fresh tests, and read its reward.
 
-    ``refuse_untrusted_rewards``: a process that ran the agent's code may not write the reward (training); False
-    lets it, as Harbor does, and lists it among the findings (evaluation).
+    ``harbor_verdict`` (evaluation): the verifier runs as in Harbor (a process that ran the agent's code may write
+    the reward, the agent's pytest plugins load) and the findings list what training refuses (``Sandbox.verify``).
 
     Raises ``ResourcesExhausted`` when the agent's processes left no pid or memory to start the verifier with, or
     when the container hit its pids or memory limit while the verifier ran (a starved verifier proves nothing).
@@ -92,7 +92,7 @@ async def grade(sandbox: Sandbox, task: Task, *, refuse_untrusted_rewards: bool 
         tests_archive(task), command, task.verifier_timeout_s,
         user=task.verifier_user or "root",  # not the agent's user: the verifier must see everything
         env=dict(task.verifier_env), read=(TEST_STDOUT, REWARD_TXT, REWARD_JSON, CTRF_REPORT),
-        max_bytes=_LOG_READ_BYTES, refuse_untrusted_rewards=refuse_untrusted_rewards,
+        max_bytes=_LOG_READ_BYTES, harbor_verdict=harbor_verdict,
     )  # fmt: skip
     if run.limits_hit:
         raise ResourcesExhausted(f"the container hit its {' and '.join(run.limits_hit)} limit while the verifier ran")

@@ -111,11 +111,11 @@ class SandboxHost:
 
     async def verify(
         self, sandbox_id: str, tests: bytes, cmd: str, timeout: float, user: str, env: Mapping[str, str] | None,
-        read: Sequence[str], max_bytes: int, refuse_untrusted_rewards: bool = True,
+        read: Sequence[str], max_bytes: int, harbor_verdict: bool = False,
     ) -> Answer:  # fmt: skip
         return await self._on(
             sandbox_id, lambda s: s.verify(tests, cmd, timeout, user=user, env=env, read=read, max_bytes=max_bytes,
-                                           refuse_untrusted_rewards=refuse_untrusted_rewards),
+                                           harbor_verdict=harbor_verdict),
         )  # fmt: skip
 
     async def read_file(self, sandbox_id: str, path: str, max_bytes: int) -> Answer:

@@ -56,11 +56,11 @@ class RemoteSandbox:
 
     async def verify(
         self, tests: bytes, cmd: str, timeout: float, *, user: str, env: Mapping[str, str] | None = None,
-        read: Sequence[str] = (), max_bytes: int = 4_000_000, refuse_untrusted_rewards: bool = True,
+        read: Sequence[str] = (), max_bytes: int = 4_000_000, harbor_verdict: bool = False,
     ) -> VerifierRun:  # fmt: skip
         wait = timeout + 2 * CALL_MARGIN_S
         return await self.call("verify", wait, tests, cmd, timeout, user, dict(env or {}), list(read), max_bytes,
-                               refuse_untrusted_rewards)  # fmt: skip
+                               harbor_verdict)  # fmt: skip
 
     async def put_dir(self, local: Path, dest: str) -> None:
         local = Path(local)

@@ -126,14 +126,14 @@ class Daemon:
         for _ in range(rounds):
             if tick is not None:
                 tick()
-            alive = [pid for pid in _pids() if pid != self.verifier_init and self._in_verifier_namespace(pid)
+            alive = [pid for pid in _pids() if pid != self.verifier_init and self.in_verifier_namespace(pid)
                      and not _zombie(pid)]  # fmt: skip
             if not alive:
                 return
             freeze_then_kill(alive)
             time.sleep(0.005)
 
-    def _in_verifier_namespace(self, pid):
+    def in_verifier_namespace(self, pid):
         """Whether ``pid`` lives in the verifier's PID namespace, from its depth (/proc/<pid>/status, which shows
         any process's, undumpable or not; its namespace's link does not): the verifier's is the only namespace at
         its depth (the agent's lies below it, and nothing in the container may make another). False once gone."""

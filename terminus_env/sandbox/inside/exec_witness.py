@@ -71,7 +71,7 @@ class ExecWitness:
         for _ in range(MAX_LEVELS):
             self.known[current] = identity = identity_of(current)
             parent = identity[1]
-            if parent == self.daemon.verifier_init or not self.daemon._in_verifier_namespace(parent):
+            if parent == self.daemon.verifier_init or not self.daemon.in_verifier_namespace(parent):
                 return
             current = parent
 

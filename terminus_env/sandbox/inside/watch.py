@@ -342,7 +342,7 @@ class OpenWatch:
         """Whether ``pid`` is outside the verifier's processes, on the daemon's side (None: gone and never seen at
         an exec, so it cannot be told). Told by its namespace's depth, which /proc shows for any live process,
         undumpable or not."""
-        if self.daemon._in_verifier_namespace(pid):
+        if self.daemon.in_verifier_namespace(pid):
             return False
         try:
             if identity_of(pid)[1] > 0:  # alive (being reaped, it names parent 0 and no namespace)
