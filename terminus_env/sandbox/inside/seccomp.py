@@ -74,19 +74,19 @@ def seccomp_program(machine=None, untraceable=False):
     for abi in abis:
         emit(_JEQ, AUDIT_ARCH[abi], jt="abi:" + abi)
     emit(_RET, _ERRNO | errno.ENOSYS)
+    denied = dict(_SYSCALLS, **(_TRACING_SYSCALLS if untraceable else {}))
     for abi in abis:
         labels["abi:" + abi] = len(code)
         emit(_LD_W_ABS, 0)  # seccomp_data.nr
         if abi == "x86_64":
             emit(_JGE, 0x40000000, jt="enosys")  # the x32 ABI
         column = _ABI_COLUMN[abi]
-        denied = dict(_SYSCALLS, **(_TRACING_SYSCALLS if untraceable else {}))
+        targets = {"clone": "clone:" + abi, "clone3": "enosys", "io_setup": "enosys", "ptrace": "ptrace"}
         for name, numbers in sorted(denied.items()):
             nr = numbers[column]
             if nr is None:
                 continue
-            target = {"clone": "clone:" + abi, "clone3": "enosys", "io_setup": "enosys", "ptrace": "ptrace"}
-            emit(_JEQ, nr, jt=target.get(name, "eperm"))
+            emit(_JEQ, nr, jt=targets.get(name, "eperm"))
         emit(_RET, _ALLOW)
         labels["clone:" + abi] = len(code)
         emit(_LD_W_ABS, 16)  # the low half of args[0]: clone's flags on these little-endian ABIs

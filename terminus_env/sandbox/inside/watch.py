@@ -209,16 +209,17 @@ class OpenWatch:
         if side != "verifier" or not mask & (FAN_OPEN | FAN_OPEN_EXEC):
             return
         self.order += 1
+        written = self.written
+        changed = info.st_ctime >= self.daemon.since or key in written["agent"] or key in written["tainted"]
         record = self.opened.get(key)
         if record is None:
             path = fd_path(fd, info)
             in_tests = info.st_dev == self.tests_device  # the verifier's own tests, known by their mount
-            written = self.written
-            unchanged = info.st_ctime < self.daemon.since and not any(key in written[side] for side in written)
-            self.start.see(self.order, path, in_tests, key in written["verifier"], unchanged)
+            verifiers = key in written["verifier"]
+            self.start.see(self.order, path, in_tests, verifiers, image_unchanged=not changed and not verifiers)
             if in_tests:  # the verifier's own, fresh each run
                 return
-            if not self._may_decide(path, key, info, mask, fd):
+            if not self._may_decide(path, key, changed, mask, fd, info.st_size):
                 self.data_opened += 1
                 return
             if len(self.opened) >= MAX_WATCHED_FILES:
@@ -233,7 +234,6 @@ class OpenWatch:
             # (renamed away, its name no longer says what it was: its content does)
             wide = record["path"].endswith(_READ_HEADS) or info.st_ctime >= self.window
             record["head"] = os.pread(fd, HEAD_BYTES if wide else 4, 0)
-        changed = info.st_ctime >= self.daemon.since or key in self.written["agent"] or key in self.written["tainted"]
         if changed and record.get("zip") is None:  # only what the agent may have provided is looked at so closely
             record["zip"] = is_zip(fd, info.st_size)
             if installer_hook_candidate(record["path"]):
@@ -259,7 +259,7 @@ class OpenWatch:
         except OSError:  # out of descriptors: as past MAX_HELD
             pass
 
-    def _may_decide(self, path, key, info, mask, fd):
+    def _may_decide(self, path, key, changed, mask, fd, size):
         """Whether a file the verifier opened can decide anything the rules judge, so is recorded: code (by how it
         was opened, its name or its first bytes), a zip the agent's side may have made, a file whose name or place
         decides what runs, a target of the agent's links, or a file the agent's side wrote while the verifier ran.
@@ -271,8 +271,7 @@ class OpenWatch:
             return True
         if os.pread(fd, 4, 0).startswith(CODE_MAGIC):
             return True
-        changed = info.st_ctime >= self.daemon.since or key in self.written["tainted"]
-        return changed and self._agents(key) and is_zip(fd, info.st_size)
+        return changed and self._agents(key) and is_zip(fd, size)
 
     def _agents(self, key):
         """Whether a changed file is the agent's: not written by the verifier itself (a file it opens to write is
