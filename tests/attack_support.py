@@ -41,6 +41,15 @@ def test_hello_was_written():
         assert handle.read() == "hello\\n"
 """
 
+PROGRAM_TESTS = """\
+import subprocess
+
+def test_the_program_prints_hello():
+    done = subprocess.run(["python3", "/app/hello.py"], capture_output=True, text=True, timeout=30)
+    assert done.stdout == "hello\\n", done.stderr
+"""
+"""Tests that run the agent's program in a subprocess (the shape the audit recommends); its stderr shows on failure."""
+
 
 def pytest_task_in(root, tiny_task_dir, tests: str = PYTEST_TESTS):
     """The tiny task at ``root``, verified the way most real tasks are: the image's pytest, run from the task's

@@ -13,7 +13,7 @@ import base64
 import shutil
 
 import pytest
-from attack_support import assert_caught, cheat
+from attack_support import PROGRAM_TESTS, assert_caught, cheat
 
 from terminus_env import load_task
 from terminus_env.rules import EndReason
@@ -26,13 +26,6 @@ VERIFIER = """\
 mkdir -p /logs/verifier
 if python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py; then r=1; else r=0; fi
 echo $r > /logs/verifier/reward.txt
-"""
-TESTS = """\
-import subprocess
-
-def test_the_program_prints_hello():
-    done = subprocess.run(["python3", "/app/hello.py"], capture_output=True, text=True, timeout=30)
-    assert done.stdout == "hello\\n"
 """
 PAYLOADS = {
     "link-to-dev-null": "os.symlink('/dev/null', '/logs/verifier/reward.txt')",
@@ -48,7 +41,7 @@ def task(tmp_path_factory, tiny_task_dir):
     root = tmp_path_factory.mktemp("reward-files") / "program-task"
     shutil.copytree(tiny_task_dir, root)
     (root / "tests" / "test.sh").write_text(VERIFIER)
-    (root / "tests" / "test_outputs.py").write_text(TESTS)
+    (root / "tests" / "test_outputs.py").write_text(PROGRAM_TESTS)
     return load_task(root)
 
 

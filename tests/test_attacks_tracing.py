@@ -14,26 +14,13 @@ import base64
 import shutil
 
 import pytest
-from attack_support import cheat
+from attack_support import PROGRAM_TESTS, cheat, pytest_task_in
 
 from terminus_env import load_task
 from terminus_env.rules import EndReason
 
 pytestmark = pytest.mark.usefixtures("docker_required")
 
-VERIFIER = """\
-#!/bin/bash
-mkdir -p /logs/verifier
-if python3 -m pytest -p no:cacheprovider -rA /tests/test_outputs.py; then r=1; else r=0; fi
-echo $r > /logs/verifier/reward.txt
-"""
-TESTS = """\
-import subprocess
-
-def test_the_program_prints_hello():
-    done = subprocess.run(["python3", "/app/hello.py"], capture_output=True, text=True, timeout=30)
-    assert done.stdout == "hello\\n", done.stderr
-"""
 # The agent's program: finds ``r=0`` in the writable memory of each bash above it and writes ``r=1`` there by
 # ``how``; prints nothing, so the tests fail. Its stderr says what each write answered (pytest shows it on failure).
 EDIT_THE_SHELL = r"""
@@ -112,11 +99,7 @@ REFUSALS = {  # what the program's stderr says each write answered, which pytest
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory, tiny_task_dir):
-    root = tmp_path_factory.mktemp("tracing") / "program-task"
-    shutil.copytree(tiny_task_dir, root)
-    (root / "tests" / "test.sh").write_text(VERIFIER)
-    (root / "tests" / "test_outputs.py").write_text(TESTS)
-    return load_task(root)
+    return pytest_task_in(tmp_path_factory.mktemp("tracing") / "program-task", tiny_task_dir, PROGRAM_TESTS)
 
 
 def program(source: str) -> str:
