@@ -128,10 +128,12 @@ echo 1 > {REWARD_TXT}
 pkill -9 -f 'pytest|test.sh'
 echo 42
 """
-# ... or leaves a loop that keeps renaming a 1 over the reward, from a session of its own.
+# ... or leaves a loop that keeps renaming a 1 over the reward, from a session of its own. The program waits for
+# the loop's first round, so that the attempt is made however busy the host (else the verifier may end first).
 RENAMING_LOOP = f"""#!/bin/bash
 setsid bash -c 'while true; do echo 1 > /logs/verifier/.r 2>/dev/null && mv -f /logs/verifier/.r {REWARD_TXT}; \
-done' > /dev/null 2>&1 < /dev/null &
+touch /tmp/.looped; done' > /dev/null 2>&1 < /dev/null &
+for i in $(seq 3000); do [ -e /tmp/.looped ] && break; sleep 0.01; done
 echo 41
 """
 
