@@ -243,3 +243,10 @@ def test_salvage_cuts_at_the_first_response_end_after_commands():
         "<commands><keystrokes>rm -rf /tmp/x\n</keystrokes></commands></response> more"
     )
     assert salvage_truncated(two_blocks) is None
+
+
+def test_a_decimal_beside_a_control_character_python_calls_a_space_never_raises():
+    """``\\s`` takes the separators ``\\x1c``-``\\x1f``, ``float()`` does not: found by the mutated-replies property."""
+    from terminus_env.utils.plain_numbers import read_decimal
+
+    assert read_decimal("\x1f2") == 2.0 and read_decimal("2\x1c") == 2.0

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 
-_DECIMAL = re.compile(r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
+_DECIMAL = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*")
 
 
 def read_decimal(text: str) -> float | None:
     """The finite number ``text`` spells as a decimal (an exponent allowed), or None."""
-    if not _DECIMAL.fullmatch(text):
+    match = _DECIMAL.fullmatch(text)
+    if match is None:
         return None
-    value = float(text)
+    value = float(match.group(1))  # the number alone: the regex's spaces (\x1c-\x1f among them) are not float()'s
     return value if value not in (float("inf"), float("-inf")) else None
